@@ -1,0 +1,262 @@
+"""
+Parameter counts and training FLOPs for the iso-depth looped transformer: the one source of truth.
+
+Every number the scaling-law fit sees (N, N_once, N_rec, tokens D for a compute budget C) comes
+from here, and model.py builds its layout from the same `ModelConfig`, so the accounting and the
+instantiated network cannot drift apart (tests check both against each other and against
+torch's FlopCounterMode). Pure Python, no torch: fit_laws.py and sweep.sh import it too.
+
+    python flops.py --r 4 --scale 10                      # readable table
+    python flops.py --r 4 --scale 10 --flops 1e18 --json  # one JSON object for scripts
+
+Conventions (RECIPE §2-3, paper §3.1):
+  n_b  = 12 d^2 + 2d per block (4 attention + 2 MLP matrices, two block norms)
+  N    = N_once + N_rec, embeddings excluded, the three model-level norms (3d) included
+  F    = 6 (P_prelude + P_coda + P_lm_head) + (2f + 6k)(P_recur + P_inj)
+         + 12 (l_p + l_c) d T + (4f + 12k) l_recur d T          per token, f = r - k
+"""
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+
+INJECTIONS = ("linear", "additive", "passthrough", "hyper")
+
+# Dense bf16 tensor-core peak FLOP/s per GPU (datasheet numbers, no sparsity), for MFU.
+PEAK_BF16_FLOPS = {
+    "A100": 312e12,
+    "H100": 989e12,  # SXM; the PCIe card is 756e12
+    "H100 PCIE": 756e12,
+    "H200": 989e12,
+}
+
+
+@dataclass
+class ModelConfig:
+    """Everything that fixes the shape of a looped model. model.py builds exactly this."""
+    r: int = 4                      # recurrences of the shared block (train time)
+    scale: int = 10                 # width d = 64 * scale
+    r_bwd: int = 0                  # loops that get gradient (truncated BPTT); 0 means r
+    injection: str = "linear"       # linear | additive | passthrough | hyper ("none" for a plain stack)
+    hc_lanes: int = 2               # K, hyperconnection lanes
+    depth: int = 20                 # effective depth l_p + r * l_recur + l_c
+    prelude: int = 2
+    coda: int = 2
+    recur: int = 0                  # layers in the shared block; 0 means (depth - prelude - coda) / r
+    head_dim: int = 128
+    vocab_size: int = 32064
+    seq_len: int = 2048
+    random_state_init: bool = False  # Huginn-style s_0 ~ N(0, 1) ablation (App. C.2)
+
+    def __post_init__(self):
+        """Resolve defaults and reject impossible layouts with a one-line reason (ValueError)."""
+        if self.r < 1:
+            raise ValueError(f"--r must be >= 1, got {self.r}")
+        if self.scale < 1:
+            raise ValueError(f"--scale must be >= 1, got {self.scale}")
+        if self.r_bwd == 0:
+            self.r_bwd = self.r
+        if not 1 <= self.r_bwd <= self.r:
+            raise ValueError(f"--r-bwd must be in 1..r={self.r}, got {self.r_bwd}")
+        if self.r == 1 and self.recur == 0:
+            # r = 1 is a plain stack of `depth` layers: no prelude/coda split, no injection.
+            self.prelude, self.coda, self.recur, self.injection = 0, 0, self.depth, "none"
+        elif self.injection not in INJECTIONS:
+            raise ValueError(f"--injection must be one of {'|'.join(INJECTIONS)}, got {self.injection!r}")
+        if self.prelude < 0 or self.coda < 0:
+            raise ValueError("--prelude and --coda must be >= 0")
+        if self.recur == 0:
+            n_shared = self.depth - self.prelude - self.coda
+            if n_shared <= 0 or n_shared % self.r:
+                raise ValueError(f"recurrent depth {self.depth}-{self.prelude}-{self.coda}={n_shared} "
+                                 f"is not divisible into r={self.r} loops")
+            self.recur = n_shared // self.r
+        self.depth = self.prelude + self.r * self.recur + self.coda
+        if self.d_model % self.head_dim:
+            raise ValueError(f"width d=64*{self.scale}={self.d_model} is not a multiple of head dim "
+                             f"{self.head_dim} (use an even --scale with head dim 128)")
+        if self.injection == "hyper" and self.r_bwd < self.r:
+            raise ValueError("hyper injection needs full BPTT: the early steps' alpha/M/beta would get no "
+                             "gradient with --r-bwd < --r")
+        if self.injection == "passthrough" and self.r_bwd < self.r:
+            raise ValueError("passthrough injection with --r-bwd < --r cuts the prelude and embedding off "
+                             "the gradient (e only enters as s_0)")
+        if self.hc_lanes < 1:
+            raise ValueError(f"--hc-lanes must be >= 1, got {self.hc_lanes}")
+        if not 1 <= self.vocab_size:
+            raise ValueError(f"--vocab must be >= 1, got {self.vocab_size}")
+
+    @property
+    def d_model(self):
+        return 64 * self.scale
+
+    @property
+    def n_head(self):
+        return self.d_model // self.head_dim
+
+    @property
+    def padded_vocab(self):
+        return -(-self.vocab_size // 64) * 64  # multiple of 64: tensor-core friendly lm_head
+
+
+def block_params(d):
+    """One transformer block: q, k, v, o (4 d^2), MLP d->4d->d (8 d^2), two RMSNorm scales."""
+    return 12 * d * d + 2 * d
+
+
+def injection_params(cfg):
+    """Parameters of the input injection, per model (linear) or summed over all loop steps (hyper)."""
+    d, K = cfg.d_model, cfg.hc_lanes
+    if cfg.injection == "linear":
+        return 2 * d * d  # W_inj in R^{d x 2d}
+    if cfg.injection == "hyper":
+        return cfg.r * (K * K + 2 * K)  # per step: alpha_t (K), M_t (K x K), beta_t (K)
+    return 0
+
+
+def param_counts(cfg):
+    """N, N_once, N_rec and the embeddings, exactly as model.py instantiates them."""
+    d = cfg.d_model
+    n_b = block_params(d)
+    # The three model-level norms (3d) are booked in N_once: this reproduces the paper's reference
+    # horizon D_ref = 10 * (N_once + r * N_rec) = 1,016,083,200 tokens at s = 10, r = 4 (RECIPE §4).
+    n_once = (cfg.prelude + cfg.coda) * n_b + 3 * d
+    n_rec = cfg.recur * n_b + injection_params(cfg)
+    n_embedding = 2 * cfg.padded_vocab * d  # wte and the untied lm_head
+    return {"n_params": n_once + n_rec, "n_once": n_once, "n_rec": n_rec,
+            "n_embedding": n_embedding, "n_total": n_once + n_rec + n_embedding}
+
+
+def flops_per_token(cfg):
+    """Training FLOPs per token (forward + backward), RECIPE §3 / truncate-or-not App. D.1."""
+    d, T = cfg.d_model, cfg.seq_len
+    k = cfg.r_bwd
+    f = cfg.r - k  # forward-only loops run under no_grad: 2 FLOPs/param, no backward
+    n_b = block_params(d)
+    p_once = (cfg.prelude + cfg.coda) * n_b + cfg.padded_vocab * d  # prelude, coda, lm_head
+    if cfg.injection == "hyper":
+        p_inj = (cfg.hc_lanes ** 2 + 2 * cfg.hc_lanes) * d  # per loop: mix K lanes, K x K, K x d
+    else:
+        p_inj = injection_params(cfg)
+    p_loop = cfg.recur * n_b + p_inj
+    # Attention scores and values: 4 d T per layer forward (QK^T and AV, not halved for causality),
+    # so 12 d T with backward.
+    attn = 12 * (cfg.prelude + cfg.coda) * d * T + (4 * f + 12 * k) * cfg.recur * d * T
+    return 6 * p_once + (2 * f + 6 * k) * p_loop + attn
+
+
+def effective_params(n_once, n_rec, r, phi):
+    """N_eff = N_once + r^phi * N_rec: the non-looped size with the same loss (paper Eq. 2)."""
+    return n_once + r ** phi * n_rec
+
+
+def reference_horizon(looped=True):
+    """D_ref of the LR transfer rule: 10 x effective (phi = 1) params of the s = 10 reference model,
+    r = 4 with linear injection for looped runs, r = 1 for the plain baseline (RECIPE §4)."""
+    counts = param_counts(ModelConfig(r=4 if looped else 1, scale=10))
+    return 10 * effective_params(counts["n_once"], counts["n_rec"], 4 if looped else 1, 1.0)
+
+
+def tokens_for_budget(cfg, flops, batch_tokens):
+    """Steps and tokens for a compute budget C: steps = round(C / (F * B)), D = steps * B."""
+    F = flops_per_token(cfg)
+    steps = max(1, round(flops / (F * batch_tokens)))
+    tokens = steps * batch_tokens
+    return {"steps": steps, "tokens": tokens, "flops_actual": F * tokens}
+
+
+def peak_flops(device_name):
+    """Peak bf16 FLOP/s for a GPU name as torch reports it ('NVIDIA H100 80GB HBM3'), else None."""
+    name = device_name.upper()
+    for key in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
+        if key in name:
+            return PEAK_BF16_FLOPS[key]
+    return None
+
+
+def mfu(cfg, tokens_per_s, n_gpus, device_name):
+    """Model FLOPs utilisation with the same F as the budget; None when the peak is unknown (CPU)."""
+    peak = peak_flops(device_name)
+    return None if peak is None else flops_per_token(cfg) * tokens_per_s / (n_gpus * peak)
+
+
+def summary(cfg, flops=None, batch_tokens=2 ** 18, phi=None):
+    """Everything a script wants to know about one configuration, as a flat dict."""
+    out = {k: v for k, v in asdict(cfg).items()}
+    out.update(d_model=cfg.d_model, n_head=cfg.n_head, padded_vocab=cfg.padded_vocab)
+    out.update(param_counts(cfg))
+    out["flops_per_token"] = flops_per_token(cfg)
+    if phi is not None:
+        out["phi"] = phi
+        out["n_eff"] = effective_params(out["n_once"], out["n_rec"], cfg.r, phi)
+    if flops is not None:
+        out.update(flops_budget=flops, batch_tokens=batch_tokens,
+                   **tokens_for_budget(cfg, flops, batch_tokens))
+    return out
+
+
+def add_model_args(parser):
+    """The architecture flags, shared by flops.py, train.py and anything else that builds a model."""
+    d = ModelConfig
+    parser.add_argument("--r", type=int, default=d.r, help="recurrences of the shared block")
+    parser.add_argument("--scale", type=int, default=d.scale, help="width d = 64 * scale")
+    parser.add_argument("--r-bwd", type=int, default=0, help="loops with gradient (truncated BPTT); default r")
+    parser.add_argument("--injection", default=d.injection, choices=INJECTIONS)
+    parser.add_argument("--hc-lanes", type=int, default=d.hc_lanes, help="hyperconnection lanes K")
+    parser.add_argument("--depth", type=int, default=d.depth, help="effective depth l_p + r*l_recur + l_c")
+    parser.add_argument("--prelude", type=int, default=d.prelude)
+    parser.add_argument("--coda", type=int, default=d.coda)
+    parser.add_argument("--recur", type=int, default=0,
+                        help="layers in the shared block (fixed-parameter grids); default (depth-prelude-coda)/r")
+    parser.add_argument("--head-dim", type=int, default=d.head_dim)
+    parser.add_argument("--vocab", type=int, default=d.vocab_size, help="vocabulary size (padded to 64)")
+    parser.add_argument("--seq-len", type=int, default=d.seq_len)
+    parser.add_argument("--random-state-init", action="store_true", help="s_0 ~ N(0,1) ablation (App. C.2)")
+
+
+def config_from_args(args, vocab_size=None):
+    """ModelConfig from parsed add_model_args flags; raises ValueError with a one-line reason."""
+    return ModelConfig(r=args.r, scale=args.scale, r_bwd=args.r_bwd, injection=args.injection,
+                       hc_lanes=args.hc_lanes, depth=args.depth, prelude=args.prelude, coda=args.coda,
+                       recur=args.recur, head_dim=args.head_dim,
+                       vocab_size=vocab_size if vocab_size is not None else args.vocab,
+                       seq_len=args.seq_len, random_state_init=args.random_state_init)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(parser)
+    parser.add_argument("--flops", type=float, default=None, help="compute budget C in FLOPs")
+    parser.add_argument("--batch-tokens", type=int, default=2 ** 18)
+    parser.add_argument("--phi", type=float, default=None, help="also print N_eff for this phi")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    try:
+        cfg = config_from_args(args)
+    except ValueError as e:
+        sys.exit(f"flops.py: {e}")
+    if args.flops is not None and not (args.flops > 0 and math.isfinite(args.flops)):
+        sys.exit(f"flops.py: --flops must be a positive number, got {args.flops}")
+    if args.batch_tokens < 1:
+        sys.exit("flops.py: --batch-tokens must be >= 1")
+    out = summary(cfg, args.flops, args.batch_tokens, args.phi)
+    if args.json:
+        print(json.dumps(out))
+        return
+    print(f"layout      prelude {cfg.prelude} + {cfg.r} x {cfg.recur} shared + coda {cfg.coda} "
+          f"= depth {cfg.depth}   (r_bwd {cfg.r_bwd}, injection {cfg.injection})")
+    print(f"width       d = {cfg.d_model}, {cfg.n_head} heads of {cfg.head_dim}, vocab {cfg.padded_vocab}")
+    for key in ("n_params", "n_once", "n_rec", "n_embedding", "n_eff"):
+        if key in out:
+            print(f"{key:<12}{out[key]:>18,.0f}  ({out[key] / 1e6:.2f}M)")
+    print(f"{'flops/token':<12}{out['flops_per_token']:>18,}  (seq len {cfg.seq_len})")
+    if args.flops is not None:
+        print(f"{'budget C':<12}{args.flops:>18.3e}  batch {args.batch_tokens:,} tokens")
+        print(f"{'steps':<12}{out['steps']:>18,}")
+        print(f"{'tokens D':<12}{out['tokens']:>18,}  ({out['tokens'] / out['n_params']:.1f} tokens/param)")
+        print(f"{'F * D':<12}{out['flops_actual']:>18.4e}")
+
+
+if __name__ == "__main__":
+    main()
