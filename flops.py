@@ -82,6 +82,8 @@ class ModelConfig:
         if self.injection == "passthrough" and self.r_bwd < self.r:
             raise ValueError("passthrough injection with --r-bwd < --r cuts the prelude and embedding off "
                              "the gradient (e only enters as s_0)")
+        if self.random_state_init and self.injection in ("hyper", "none"):
+            raise ValueError("--random-state-init needs a state injection (linear|additive|passthrough)")
         if self.hc_lanes < 1:
             raise ValueError(f"--hc-lanes must be >= 1, got {self.hc_lanes}")
         if not 1 <= self.vocab_size:
@@ -128,22 +130,32 @@ def param_counts(cfg):
             "n_embedding": n_embedding, "n_total": n_once + n_rec + n_embedding}
 
 
-def flops_per_token(cfg):
-    """Training FLOPs per token (forward + backward), RECIPE §3 / truncate-or-not App. D.1."""
+def flops_breakdown(cfg):
+    """Training FLOPs per token split into the RECIPE §3 terms. `matmul` (weight matrices, lm_head,
+    injection) and `attention` (QK^T and AV) are real matmuls: together they equal what
+    torch.utils.flop_counter measures on a forward+backward. `norm_scales` is the 6 FLOPs/param
+    convention applied to the block norms' 2d parameters, which the paper's P_* include."""
     d, T = cfg.d_model, cfg.seq_len
     k = cfg.r_bwd
     f = cfg.r - k  # forward-only loops run under no_grad: 2 FLOPs/param, no backward
-    n_b = block_params(d)
-    p_once = (cfg.prelude + cfg.coda) * n_b + cfg.padded_vocab * d  # prelude, coda, lm_head
+    n_once_layers = cfg.prelude + cfg.coda
     if cfg.injection == "hyper":
-        p_inj = (cfg.hc_lanes ** 2 + 2 * cfg.hc_lanes) * d  # per loop: mix K lanes, K x K, K x d
+        p_inj = (cfg.hc_lanes ** 2 + 2 * cfg.hc_lanes) * d  # per loop: read K lanes, K x K mix, write K
     else:
         p_inj = injection_params(cfg)
-    p_loop = cfg.recur * n_b + p_inj
+    matmul = (6 * (n_once_layers * 12 * d * d + cfg.padded_vocab * d)
+              + (2 * f + 6 * k) * (cfg.recur * 12 * d * d + p_inj))
+    norm_scales = 6 * n_once_layers * 2 * d + (2 * f + 6 * k) * cfg.recur * 2 * d
     # Attention scores and values: 4 d T per layer forward (QK^T and AV, not halved for causality),
     # so 12 d T with backward.
-    attn = 12 * (cfg.prelude + cfg.coda) * d * T + (4 * f + 12 * k) * cfg.recur * d * T
-    return 6 * p_once + (2 * f + 6 * k) * p_loop + attn
+    attention = 12 * n_once_layers * d * T + (4 * f + 12 * k) * cfg.recur * d * T
+    return {"matmul": matmul, "norm_scales": norm_scales, "attention": attention}
+
+
+def flops_per_token(cfg):
+    """Training FLOPs per token (forward + backward), RECIPE §3 / truncate-or-not App. D.1:
+    F = 6 (P_prelude + P_coda + P_lm_head) + (2f + 6k)(P_recur + P_inj) + attention."""
+    return sum(flops_breakdown(cfg).values())
 
 
 def effective_params(n_once, n_rec, r, phi):

@@ -1,0 +1,310 @@
+"""
+The looped (depth-recurrent) transformer of the iso-depth study, in one readable file.
+
+    tokens -> wte -> norm -> prelude blocks -> e
+    s_0 = e;  for t = 1..r:  u_t = inject(e, s_{t-1});  s_t = norm_recur(shared_blocks(u_t))
+    s_r -> coda blocks -> norm -> lm_head -> 15 tanh(logits / 15)
+
+A block of `recur` layers is run r times so that the effective depth prelude + r*recur + coda
+stays 20 (paper §3.1): r = 4 costs the FLOPs of a plain 20-layer GPT with 2/5 of its parameters.
+The layout, parameter counts and FLOPs come from flops.ModelConfig (the single source of truth);
+this file only builds and runs it. Blocks are nanochat's: pre-norm, RMSNorm with a learnable
+scale, RoPE then parameter-free QK-norm, squared-ReLU MLP, no biases, untied embeddings.
+
+Options, all fixed by ModelConfig:
+  injection  linear (W_inj [e; s], init [I|0]) | additive (s + e) | passthrough (s) |
+             hyper (loop-level hyperconnections with K lanes, §5.2)
+  r_bwd      truncated BPTT: only the last r_bwd loops carry gradient (§5.1)
+  forward(..., r=...) evaluates with a different loop count than trained (App. A).
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from flops import ModelConfig
+
+LOGIT_SOFTCAP = 15.0
+NORM_EPS = 1e-6
+ROPE_BASE = 10000.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention backend: one small function decides, once per device.
+
+def attention_backend(device):
+    """('fa3', fn) on Hopper with FlashAttention-3, ('fa2', fn) with FlashAttention-2 installed,
+    else ('sdpa', None): PyTorch's scaled_dot_product_attention (always on CPU)."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return "sdpa", None
+    if torch.cuda.get_device_capability(device)[0] == 9:
+        try:
+            from flash_attn_interface import flash_attn_func  # FA3 builds only for sm90
+            return "fa3", flash_attn_func
+        except ImportError:
+            pass
+    try:
+        from flash_attn import flash_attn_func
+        return "fa2", flash_attn_func
+    except ImportError:
+        return "sdpa", None
+
+
+def causal_attention(q, k, v, backend):
+    """q, k, v: (B, T, H, D). Standard 1/sqrt(D) scale, causal mask."""
+    name, flash_fn = backend
+    if name == "sdpa":
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True)
+        return y.transpose(1, 2)
+    # FlashAttention wants half precision; QK-norm may have produced fp32 under autocast.
+    dtype = v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+    y = flash_fn(q.to(dtype), k.to(dtype), v.to(dtype), causal=True)
+    y = y[0] if isinstance(y, tuple) else y  # some FA3 versions also return the softmax LSE
+    return y.to(v.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Building blocks
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learnable scale (init 1). Trained by AdamW in the 'norm' group."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)
+
+
+def rope_tables(seq_len, head_dim, device):
+    """cos/sin of shape (T, 1, D/2) for rotate-halves RoPE with base 10000."""
+    inv_freq = 1.0 / ROPE_BASE ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32, device=device), inv_freq)
+    return angles.cos()[:, None, :], angles.sin()[:, None, :]
+
+
+def apply_rope(x, cos, sin):
+    """Rotate the two halves of every head: (x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos)."""
+    half = x.size(-1) // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos[: x.size(1)].to(x.dtype), sin[: x.size(1)].to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        d = cfg.d_model
+        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
+        self.c_q = nn.Linear(d, d, bias=False)
+        self.c_k = nn.Linear(d, d, bias=False)
+        self.c_v = nn.Linear(d, d, bias=False)
+        self.c_proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, x, rope, backend):
+        B, T, _ = x.shape
+        q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
+        k = self.c_k(x).view(B, T, self.n_head, self.head_dim)
+        v = self.c_v(x).view(B, T, self.n_head, self.head_dim)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        # Parameter-free QK-norm after RoPE (nanochat): bounds the attention logits, which matters
+        # when the same weights see the state r times.
+        q, k = F.rms_norm(q, (self.head_dim,), eps=NORM_EPS), F.rms_norm(k, (self.head_dim,), eps=NORM_EPS)
+        y = causal_attention(q, k, v, backend)
+        return self.c_proj(y.reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        d = cfg.d_model
+        self.c_fc = nn.Linear(d, 4 * d, bias=False)
+        self.c_proj = nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.relu(self.c_fc(x)).square())  # squared ReLU
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.norm_1, self.attn = RMSNorm(cfg.d_model), Attention(cfg)
+        self.norm_2, self.mlp = RMSNorm(cfg.d_model), MLP(cfg)
+
+    def forward(self, x, rope, backend):
+        x = x + self.attn(self.norm_1(x), rope, backend)
+        return x + self.mlp(self.norm_2(x))
+
+
+# ----------------------------------------------------------------------------------------------
+# The looped model
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, K = cfg.d_model, cfg.hc_lanes
+        self.wte = nn.Embedding(cfg.padded_vocab, d)
+        self.norm_embed = RMSNorm(d)
+        self.prelude = nn.ModuleList(Block(cfg) for _ in range(cfg.prelude))
+        self.recur = nn.ModuleList(Block(cfg) for _ in range(cfg.recur))  # shared by all r loops
+        self.coda = nn.ModuleList(Block(cfg) for _ in range(cfg.coda))
+        self.norm_recur = RMSNorm(d)  # ends every recurrence, keeps the state's scale fixed
+        self.norm_final = RMSNorm(d)
+        self.lm_head = nn.Linear(d, cfg.padded_vocab, bias=False)
+        if cfg.injection == "linear":
+            self.w_inj = nn.Linear(2 * d, d, bias=False)  # u = W_inj [e; s]
+        if cfg.injection == "hyper":
+            # Per recurrence step t its own (unshared) lane read-out alpha_t, lane mix M_t and
+            # write-in beta_t (§5.2). Tiny, so AdamW trains them ('hyper' group).
+            self.hc_alpha = nn.Parameter(torch.zeros(cfg.r, K))
+            self.hc_mix = nn.Parameter(torch.zeros(cfg.r, K, K))
+            self.hc_beta = nn.Parameter(torch.zeros(cfg.r, K))
+        cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, None)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.backend = ("sdpa", None)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self):
+        """App. C.1. No zero-initialised output projections: MuonH keeps every matrix on the
+        sphere of its initial Frobenius norm, so a zero matrix would stay zero forever."""
+        d = self.cfg.d_model
+        nn.init.normal_(self.wte.weight, mean=0.0, std=1.0)
+        nn.init.normal_(self.lm_head.weight, mean=0.0, std=1e-3)
+        a, a_proj = math.sqrt(3 / d), math.sqrt(3 / (4 * d))
+        for block in [*self.prelude, *self.recur, *self.coda]:
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.attn.c_proj, block.mlp.c_fc):
+                nn.init.uniform_(lin.weight, -a, a)
+            nn.init.uniform_(block.mlp.c_proj.weight, -a_proj, a_proj)  # fan-in 4d
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+        if self.cfg.injection == "linear":
+            # [I | 0]: at init u = e, so the loop starts as a re-read of the prelude output.
+            self.w_inj.weight.zero_()
+            self.w_inj.weight[:, :d].copy_(torch.eye(d))
+        if self.cfg.injection == "hyper":
+            K = self.cfg.hc_lanes
+            steps = torch.arange(self.cfg.r)
+            self.hc_alpha.zero_()
+            self.hc_alpha[steps, steps % K] = 1.0  # step t reads lane t mod K
+            self.hc_mix.copy_(torch.eye(K).expand(self.cfg.r, K, K))
+            self.hc_beta.fill_(1.0)
+
+    def set_device_backend(self, device):
+        """Choose FlashAttention or SDPA for the device the model lives on; returns the name."""
+        self.backend = attention_backend(device)
+        return self.backend[0]
+
+    def param_groups(self):
+        """Which tensors MuonH trains ('matrix': every 2-D block matrix and W_inj) and which AdamW
+        trains ('embedding', 'unembedding', 'norm', 'hyper'), RECIPE §4. Covers every parameter."""
+        groups = {"matrix": [], "embedding": [self.wte.weight], "unembedding": [self.lm_head.weight],
+                  "norm": [], "hyper": []}
+        for name, p in self.named_parameters():
+            if name in ("wte.weight", "lm_head.weight"):
+                continue
+            if name.startswith("hc_"):
+                groups["hyper"].append(p)
+            elif p.ndim == 2:
+                groups["matrix"].append(p)
+            else:
+                groups["norm"].append(p)
+        return groups
+
+    # -- the recurrence ------------------------------------------------------------------------
+
+    def initial_state(self, e):
+        if self.cfg.random_state_init:  # Huginn-style ablation (App. C.2): redrawn every forward
+            return torch.randn_like(e)
+        return torch.zeros_like(e) if self.cfg.injection == "additive" else e
+
+    def inject(self, e, s):
+        """u_t from the prelude output e and the previous state s (RECIPE §1)."""
+        if self.cfg.injection == "linear":
+            return self.w_inj(torch.cat([e, s], dim=-1))
+        if self.cfg.injection == "additive":
+            return s + e
+        return s  # passthrough, and the plain r = 1 stack ("none")
+
+    def run_shared(self, u, rope):
+        for block in self.recur:
+            u = block(u, rope, self.backend)
+        return self.norm_recur(u)
+
+    def recurrence(self, e, r, r_bwd, rope):
+        """Run r loops; only the last r_bwd build an autograd graph (truncated BPTT, §5.1)."""
+        grad_on = torch.is_grad_enabled()
+        if self.cfg.injection == "hyper":
+            return self.hyper_recurrence(e, r, rope)
+        s = self.initial_state(e)
+        for t in range(r):
+            # Early loops run under no_grad: no activations kept, no backward FLOPs. Their output
+            # enters the first trained loop as a plain tensor, so e and the shared weights get
+            # gradient only through the last r_bwd loops.
+            with torch.set_grad_enabled(grad_on and t >= r - r_bwd):
+                s = self.run_shared(self.inject(e, s), rope)
+        return s
+
+    def hyper_recurrence(self, e, r, rope):
+        """Loop-level hyperconnections: K lanes start as e; step t reads u = sum_k alpha_t[k] lane_k,
+        runs the block, and writes lanes <- M_t lanes + beta_t (x) s. The coda reads the lane sum.
+        All three are matmuls on the flattened lanes, so flops.py counts them as (K^2 + 2K) d."""
+        K, shape = self.cfg.hc_lanes, e.shape
+        lanes = e.reshape(1, -1).expand(K, -1)
+        for t in range(r):
+            step = min(t, self.cfg.r - 1)  # beyond the trained r (r_eval > r) reuse the last step
+            u = (self.hc_alpha[step].to(e.dtype)[None] @ lanes).view(shape)
+            s = self.run_shared(u, rope)
+            lanes = self.hc_mix[step].to(e.dtype) @ lanes + self.hc_beta[step].to(e.dtype)[:, None] @ s.reshape(1, -1)
+        return lanes.sum(0).view(shape)
+
+    def forward(self, idx, targets=None, r=None):
+        """idx (B, T) token ids. Returns mean cross-entropy (nats/token) if targets are given,
+        else fp32 logits (B, T, vocab). `r` overrides the loop count (evaluation only keeps
+        the trained truncation when r equals the training r)."""
+        cfg = self.cfg
+        r = cfg.r if r is None else r
+        r_bwd = cfg.r_bwd if r == cfg.r else r
+        T = idx.size(1)
+        if T > self.rope_cos.size(0):
+            raise ValueError(f"sequence of {T} tokens is longer than seq_len={self.rope_cos.size(0)}")
+        rope = (self.rope_cos, self.rope_sin)
+        x = self.norm_embed(self.wte(idx))
+        for block in self.prelude:
+            x = block(x, rope, self.backend)
+        x = self.recurrence(x, r, r_bwd, rope)
+        for block in self.coda:
+            x = block(x, rope, self.backend)
+        logits = self.lm_head(self.norm_final(x)).float()
+        logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)  # soft-cap in fp32
+        logits = logits[..., : cfg.vocab_size]  # the padding rows never win a softmax
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, r=None, generator=None):
+        """Sample continuations of idx (B, T). No KV cache: each step re-runs the (cropped) context,
+        which is fine for a few hundred tokens of a small model."""
+        for _ in range(max_new_tokens):
+            context = idx[:, -self.cfg.seq_len:]
+            logits = self(context, r=r)[:, -1, :]
+            if temperature <= 0:
+                next_id = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                next_id = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+            idx = torch.cat([idx, next_id], dim=1)
+        return idx

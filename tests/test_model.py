@@ -1,0 +1,219 @@
+"""The looped transformer, as the paper describes it (§3.1, §5, App. C): each test is one claim."""
+import pytest
+import torch
+
+from flops import ModelConfig
+from model import GPT, attention_backend
+
+
+def tiny(**kw):
+    base = dict(r=4, scale=2, head_dim=32, vocab_size=300, seq_len=32)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def make(seed=0, **kw):
+    torch.manual_seed(seed)
+    return GPT(tiny(**kw))
+
+
+def tokens(n=2, T=32, seed=1, vocab=300):
+    return torch.randint(0, vocab, (n, T), generator=torch.Generator().manual_seed(seed))
+
+
+def shared_block_calls(model):
+    """Record, for every call of the shared block, whether its input carries autograd history."""
+    calls = []
+    handle = model.recur[0].register_forward_pre_hook(lambda mod, args: calls.append(args[0].requires_grad))
+    return calls, handle
+
+
+def test_truncated_bptt_same_forward_and_no_grad_in_early_loops():
+    idx = tokens()
+    logits = {}
+    for r_bwd in (1, 2, 3, 4):
+        model = make(r_bwd=r_bwd)
+        calls, handle = shared_block_calls(model)
+        loss = model(idx, idx)
+        handle.remove()
+        # The first r - r_bwd loops run without a graph; the last r_bwd are differentiable.
+        assert calls == [False] * (4 - r_bwd) + [True] * r_bwd
+        loss.backward()
+        assert all(p.grad is not None for p in model.parameters())
+        with torch.no_grad():
+            logits[r_bwd] = model(idx)
+    for r_bwd in (1, 2, 3):
+        assert torch.equal(logits[r_bwd], logits[4])
+
+
+def saved_activation_bytes(model, idx):
+    """Bytes of tensors autograd keeps for the backward pass (the activation memory of a step)."""
+    seen = {}
+
+    def pack(t):
+        seen[(t.untyped_storage().data_ptr(), t.dtype)] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(idx, idx)
+    loss.backward()
+    return sum(seen.values())
+
+
+def test_truncation_lowers_training_memory():
+    idx = tokens(T=32)
+    mem = {k: saved_activation_bytes(make(r=8, r_bwd=k), idx) for k in (8, 4, 2, 1)}
+    assert mem[8] > mem[4] > mem[2] > mem[1]
+    # The four no-grad loops of r_bwd = 4 keep nothing: the saving is 4 loops' worth of activations.
+    per_loop = (mem[8] - mem[4]) / 4
+    assert (mem[4] - mem[2]) / 2 == pytest.approx(per_loop, rel=0.02)
+    assert mem[2] - mem[1] == pytest.approx(per_loop, rel=0.02)
+
+
+def test_linear_injection_starts_as_identity_on_e():
+    model = make(injection="linear")
+    e, s = torch.randn(2, 5, model.cfg.d_model), torch.randn(2, 5, model.cfg.d_model)
+    assert torch.allclose(model.inject(e, s), e, atol=1e-6)
+    assert model.w_inj.weight.shape == (model.cfg.d_model, 2 * model.cfg.d_model)
+
+
+def test_hyperconnections_init_semantics():
+    """K lanes start as e; step t reads lane t mod K (alpha one-hot), M = I, beta = 1, so every step
+    adds its output to all lanes; the coda reads the lane sum."""
+    model = make(injection="hyper", hc_lanes=2, r=4)
+    d = model.cfg.d_model
+    e = torch.randn(1, 4, d)
+    rope = (model.rope_cos, model.rope_sin)
+    lanes = [e.clone(), e.clone()]
+    for t in range(3):
+        s = model.run_shared(lanes[t % 2], rope)
+        lanes = [lane + s for lane in lanes]
+    expected = lanes[0] + lanes[1]
+    assert torch.allclose(model.hyper_recurrence(e, 3, rope), expected, atol=1e-5)
+    assert model.hc_alpha.shape == (4, 2) and model.hc_mix.shape == (4, 2, 2)
+
+
+def test_hyper_rejects_truncation():
+    with pytest.raises(ValueError, match="full BPTT"):
+        tiny(injection="hyper", r_bwd=2)
+
+
+@pytest.mark.parametrize("injection", ["linear", "additive", "passthrough", "hyper"])
+def test_causal(injection):
+    model = make(injection=injection)
+    idx = tokens(n=1)
+    changed = idx.clone()
+    changed[0, 20:] = (changed[0, 20:] + 7) % 300
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    assert torch.allclose(a[:, :20], b[:, :20], atol=1e-5)
+    assert not torch.allclose(a[:, 20:], b[:, 20:])
+
+
+def test_r1_is_a_plain_gpt():
+    """r = 1 without a custom layout is a plain 20-layer stack: no prelude/coda, no injection
+    weights, and the forward is embedding -> norm -> 20 blocks -> norm -> norm -> lm_head."""
+    model = make(r=1)
+    assert len(model.recur) == 20 and len(model.prelude) == len(model.coda) == 0
+    assert not hasattr(model, "w_inj") and model.cfg.injection == "none"
+    idx = tokens()
+    rope = (model.rope_cos, model.rope_sin)
+    with torch.no_grad():
+        x = model.norm_embed(model.wte(idx))
+        for block in model.recur:
+            x = block(x, rope, model.backend)
+        logits = model.lm_head(model.norm_final(model.norm_recur(x))).float()
+        logits = 15 * torch.tanh(logits / 15)[..., :300]
+        assert torch.allclose(model(idx), logits, atol=1e-6)
+
+
+def test_eval_with_other_loop_count():
+    for injection in ("linear", "hyper"):
+        model = make(injection=injection)
+        with torch.no_grad():  # move off the init, where W_inj = [I|0] makes the loop ignore s
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        idx = tokens()
+        with torch.no_grad():
+            trained = model(idx, idx)
+            more, fewer = model(idx, idx, r=8), model(idx, idx, r=2)
+        assert torch.isfinite(more) and torch.isfinite(fewer)
+        assert more != trained and fewer != trained
+
+
+def test_initialisation():
+    model = make(scale=4, head_dim=64)
+    d = model.cfg.d_model
+    a = (3 / d) ** 0.5
+    block = model.recur[0]
+    for w in (block.attn.c_q.weight, block.mlp.c_fc.weight):
+        assert w.abs().max() <= a and w.abs().max() > 0.9 * a
+    assert block.mlp.c_proj.weight.abs().max() <= (3 / (4 * d)) ** 0.5
+    assert block.attn.c_proj.weight.abs().max() > 0.5 * a  # not zero: MuonH keeps ||W||_F
+    assert abs(model.wte.weight.std().item() - 1) < 0.05
+    assert abs(model.lm_head.weight.std().item() - 1e-3) < 1e-4
+    assert all(torch.all(m.weight == 1) for m in model.modules() if type(m).__name__ == "RMSNorm")
+
+
+def test_vocab_padded_and_logits_sliced():
+    model = make(vocab_size=300)
+    assert model.wte.weight.shape[0] == 320 and model.lm_head.weight.shape[0] == 320
+    assert model(tokens()).shape == (2, 32, 300)
+
+
+def test_logits_softcapped():
+    model = make()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1e4)
+        logits = model(tokens())
+    assert logits.abs().max() <= 15.0 and logits.abs().max() > 14.0
+
+
+@pytest.mark.parametrize("injection", ["linear", "additive", "passthrough", "hyper"])
+def test_param_groups_cover_everything_once(injection):
+    model = make(injection=injection)
+    groups = model.param_groups()
+    ids = [id(p) for g in groups.values() for p in g]
+    assert len(ids) == len(set(ids)) == len(list(model.parameters()))
+    assert all(p.ndim == 2 for p in groups["matrix"])
+    assert all(p.ndim == 1 for p in groups["norm"])
+    if injection == "linear":
+        assert any(p is model.w_inj.weight for p in groups["matrix"])
+    assert (len(groups["hyper"]) == 3) == (injection == "hyper")
+
+
+def test_random_state_init_ablation():
+    model = make(random_state_init=True, injection="additive")
+    idx = tokens()
+    with torch.no_grad():
+        assert not torch.equal(model(idx), model(idx))  # s_0 redrawn every forward
+    with pytest.raises(ValueError):
+        tiny(random_state_init=True, injection="hyper")
+
+
+def test_cpu_uses_sdpa():
+    assert attention_backend("cpu")[0] == "sdpa"
+
+
+def test_generate_greedy_is_deterministic_and_respects_context():
+    model = make()
+    prompt = tokens(n=1, T=5)
+    out1 = model.generate(prompt, 40, temperature=0)  # runs past seq_len=32: context is cropped
+    out2 = model.generate(prompt, 40, temperature=0)
+    assert out1.shape == (1, 45) and torch.equal(out1, out2) and torch.equal(out1[:, :5], prompt)
+    sampled = model.generate(prompt, 5, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(0))
+    assert sampled.shape == (1, 10) and int(sampled.max()) < 300
+
+
+def test_learns_a_pattern():
+    """A looped model can fit a repeated sequence: loss falls far below ln(vocab) in 60 Adam steps."""
+    model = make(r=2, vocab_size=64)
+    seq = torch.arange(33) % 7
+    x, y = seq[:-1][None].repeat(4, 1), seq[1:][None].repeat(4, 1)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(60):
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.5
