@@ -1,0 +1,532 @@
+"""
+Offline tests of prepare_data.py: downloads from a local HTTP server (including a dropped
+connection that must resume with Range, and a server sending garbage), best-fit packing
+invariants, both tokenizers, the bad-input errors, and the RowLoader's rank/resume semantics.
+
+The FineWeb-Edu sample lives in shared/data next to the repository; tests that need it are
+skipped with a message when it is absent. Small vocabularies and short rows keep this fast.
+"""
+import hashlib
+import http.server
+import io
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO.parent / "shared" / "data" / "fineweb-edu-sample"
+sys.path.insert(0, str(REPO))
+import prepare_data as pdata  # noqa: E402
+
+needs_sample = pytest.mark.skipif(
+    not SAMPLE.is_dir(), reason=f"{SAMPLE} not found (the offline FineWeb-Edu sample)")
+
+
+def sha(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def sample_texts():
+    return [json.loads(line)["text"] for line in (SAMPLE / "docs.jsonl").open()]
+
+
+def build(out, *args, workers=1):
+    pdata.main([*map(str, args), "--out", str(out), "--workers", str(workers)])
+    return json.loads((out / "meta.json").read_text())
+
+
+def error_of(*args):
+    """Run main expecting a bad-input failure; return the one-line message."""
+    with pytest.raises(SystemExit) as e:
+        pdata.main(list(map(str, args)))
+    message = str(e.value.code)
+    assert message.startswith("prepare_data.py: error:") and "\n" not in message
+    return message
+
+
+def contains(haystack, needle):
+    """Whether the uint16 sequence needle occurs in haystack (token-aligned)."""
+    hay, pat = haystack.tobytes(), needle.astype(np.uint16).tobytes()
+    at = hay.find(pat)
+    while at != -1 and at % 2:
+        at = hay.find(pat, at + 1)
+    return at != -1
+
+
+@pytest.fixture(autouse=True)
+def fast_retries(monkeypatch):
+    monkeypatch.setattr(pdata, "RETRY_BASE_S", 0.01)
+
+
+# ---------------------------------------------------------------------------------------------
+# Local HTTP server: /<mode>/<file> serves shared/data/fineweb-edu-sample/<file>
+#   ok        plain server with Range support
+#   drop      first request promises the whole file, sends half, hangs up; later ones honour Range
+#   dropnorange  like drop, but later requests ignore Range and send the whole file (200)
+#   truncate  every response stops halfway through what it promised
+#   garbage   200 with an HTML page instead of parquet
+# ---------------------------------------------------------------------------------------------
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        mode, _, name = self.path.lstrip("/").partition("/")
+        log = self.server.requests
+        log.append((mode, name, self.headers.get("Range")))
+        if mode == "garbage":
+            return self.reply(200, b"<html>rate limited, try later</html>\n" * 100)
+        path = SAMPLE / name
+        if not path.is_file():
+            return self.reply(404, b"not found")
+        data = path.read_bytes()
+        start = 0
+        if self.headers.get("Range") and mode != "dropnorange":
+            start = int(self.headers["Range"].split("=")[1].split("-")[0])
+        if start >= len(data):
+            self.send_response(416)  # what S3 / Hugging Face answer past the end of a file
+            self.send_header("Content-Range", f"bytes */{len(data)}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        first = sum(1 for m, n, _ in log if (m, n) == (mode, name)) == 1
+        cut = mode == "truncate" or (mode in ("drop", "dropnorange") and first)
+        body = data[start:]
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Length", str(len(body)))
+        if start:
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.end_headers()
+        self.wfile.write(body[:len(body) // 2] if cut else body)
+        self.close_connection = True
+
+    def reply(self, code, body):
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.requests = []
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def url(srv, mode):
+    return f"http://127.0.0.1:{srv.server_address[1]}/{mode}"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """docs.jsonl packed with 10% of its documents held out: the dataset most tests read."""
+    if not SAMPLE.is_dir():
+        pytest.skip(f"{SAMPLE} not found (the offline FineWeb-Edu sample)")
+    out = tmp_path_factory.mktemp("built")
+    build(out, "--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 512,
+          "--seq-len", 64)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Downloads
+# ---------------------------------------------------------------------------------------------
+
+@needs_sample
+def test_download_build_rerun_is_cached_and_deterministic(server, tmp_path):
+    dl = tmp_path / "raw"
+    common = ["--base-url", url(server, "ok"), "--shards", 1, "--val-shards", 1,
+              "--download-dir", dl, "--vocab-size", 512, "--seq-len", 64]
+    meta = build(tmp_path / "a", *common)
+    for name in ("shard_00000.parquet", "shard_00001.parquet"):
+        assert (dl / name).read_bytes() == (SAMPLE / name).read_bytes()
+    assert not list(dl.glob("*.tmp"))
+    assert meta["split"] == {"val_files": ["shard_00001.parquet"]}
+    assert (meta["train_docs"], meta["val_docs"]) == (130, 20)
+    assert [s["bytes"] for s in meta["sources"]] == [155000, 23395]
+    assert meta["train_rows"] > 0 and meta["val_rows"] > 0
+    assert meta["row_len"] == 65 and meta["vocab_size"] == 512 and meta["bos_id"] == 511
+    for split in ("train", "val"):
+        size = (tmp_path / "a" / f"{split}.bin").stat().st_size
+        assert size == meta[f"{split}_rows"] * 65 * 2 == meta[f"{split}_tokens"] * 2
+
+    # Shards on disk are not fetched again; tokenizing in 2 worker processes changes nothing.
+    n_requests = len(server.requests)
+    build(tmp_path / "b", *common, workers=2)
+    assert len(server.requests) == n_requests
+    for name in ("train.bin", "val.bin", "tokenizer.json"):
+        assert sha(tmp_path / "a" / name) == sha(tmp_path / "b" / name)
+
+
+@needs_sample
+@pytest.mark.parametrize("mode", ["drop", "dropnorange"])
+def test_download_resumes_after_dropped_connection(server, tmp_path, mode):
+    dest = tmp_path / "shard_00000.parquet"
+    pdata.download_file(f"{url(server, mode)}/shard_00000.parquet", dest, retries=3)
+    assert dest.read_bytes() == (SAMPLE / "shard_00000.parquet").read_bytes()
+    hits = [r for r in server.requests if r[:2] == (mode, "shard_00000.parquet")]
+    # Resumed on the second attempt from the whole chunks written before the drop (half the
+    # file arrived; a partly received chunk is not written).
+    kept = 155000 // 2 // pdata.DOWNLOAD_CHUNK * pdata.DOWNLOAD_CHUNK
+    assert kept > 0 and [r[2] for r in hits] == [None, f"bytes={kept}-"]
+    assert not dest.with_name(dest.name + ".tmp").exists()
+
+
+@needs_sample
+def test_complete_partial_file_is_checked_not_fetched_again(server, tmp_path):
+    # A run that died between the last byte and the rename leaves a complete .tmp file.
+    dest = tmp_path / "shard_00001.parquet"
+    original = (SAMPLE / "shard_00001.parquet").read_bytes()
+    dest.with_name(dest.name + ".tmp").write_bytes(original)
+    pdata.download_file(f"{url(server, 'ok')}/shard_00001.parquet", dest, retries=0)
+    assert dest.read_bytes() == original
+    # A .tmp longer than the remote file is stale: it is discarded and the file fetched anew.
+    dest.unlink()
+    dest.with_name(dest.name + ".tmp").write_bytes(original + b"stale")
+    pdata.download_file(f"{url(server, 'ok')}/shard_00001.parquet", dest, retries=1)
+    assert dest.read_bytes() == original
+    hits = [r[2] for r in server.requests if r[:2] == ("ok", "shard_00001.parquet")][-3:]
+    assert hits == [f"bytes={len(original)}-", f"bytes={len(original) + 5}-", None]
+
+
+@needs_sample
+def test_garbage_download_is_a_clear_error(server, tmp_path):
+    dl = tmp_path / "raw"
+    msg = error_of("--base-url", url(server, "garbage"), "--shards", 1, "--val-shards", 1,
+                   "--download-dir", dl, "--out", tmp_path / "out")
+    assert "shard_0000" in msg and "not valid parquet" in msg
+    assert not list(dl.iterdir())  # neither a shard nor a .tmp is left behind
+    assert not (tmp_path / "out" / "meta.json").exists()
+
+
+@needs_sample
+def test_truncated_download_is_a_clear_error(server, tmp_path):
+    dl = tmp_path / "raw"
+    msg = error_of("--base-url", url(server, "truncate"), "--shards", 1, "--val-shards", 1,
+                   "--download-dir", dl, "--retries", 2, "--download-workers", 1,
+                   "--out", tmp_path / "out")
+    assert "shard_00000.parquet" in msg and "incomplete after 3 attempts" in msg
+    assert not (dl / "shard_00000.parquet").exists()
+    assert (dl / "shard_00000.parquet.tmp").exists()  # kept for the next run to resume
+
+
+@needs_sample
+def test_missing_remote_shard_is_not_retried(server, tmp_path):
+    msg = error_of("--base-url", url(server, "ok"), "--shards", 2, "--val-shards", 1,
+                   "--download-dir", tmp_path / "raw", "--out", tmp_path / "out")
+    assert "shard_00002.parquet: HTTP 404" in msg
+    assert sum(r[1] == "shard_00002.parquet" for r in server.requests) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Packing
+# ---------------------------------------------------------------------------------------------
+
+def pack(docs, row_len, buffer_docs):
+    out = io.BytesIO()
+    packer = pdata.Packer(out, row_len, buffer_docs, block_rows=3)
+    for d in docs:
+        packer.add_document(np.asarray(d, dtype=np.uint16))
+    stats = packer.finish()
+    return np.frombuffer(out.getvalue(), dtype=np.uint16).reshape(-1, row_len), stats
+
+
+def doc(k, length):
+    """BOS (0) then `length - 1` copies of k: rows show which document each token came from."""
+    return [0] + [k] * (length - 1)
+
+
+def test_best_fit_takes_the_largest_piece_that_fits():
+    rows, st = pack([doc(1, 6), doc(2, 5), doc(3, 4), doc(4, 3), doc(5, 2)], 10, 1000)
+    assert rows.tolist() == [doc(1, 6) + doc(3, 4), doc(2, 5) + doc(4, 3) + doc(5, 2)]
+    assert (st["cropped_tokens"], st["tail_tokens_dropped"]) == (0, 0)
+
+
+def test_when_nothing_fits_the_shortest_is_cropped_and_counted():
+    rows, st = pack([doc(1, 7), doc(2, 8)], 10, 1000)
+    assert rows.tolist() == [doc(2, 8) + doc(1, 2)]
+    assert (st["rows"], st["cropped_tokens"], st["tail_tokens_dropped"]) == (1, 5, 0)
+
+
+def test_buffer_size_limits_the_choice():
+    docs = [doc(1, 3), doc(2, 3), doc(3, 8)]
+    rows, st = pack(docs, 10, 2)  # the 8-token document arrives after the row is mostly full
+    assert rows.tolist() == [doc(1, 3) + doc(2, 3) + doc(3, 4)]
+    assert (st["cropped_tokens"], st["tail_tokens_dropped"]) == (4, 0)
+    rows, st = pack(docs, 10, 1000)
+    assert rows.tolist() == [doc(3, 8) + doc(1, 2)]
+    assert (st["cropped_tokens"], st["tail_tokens_dropped"]) == (1, 3)
+
+
+def test_long_documents_are_cut_into_rows_not_cropped():
+    d = list(range(10))  # BOS = 0 first
+    rows, st = pack([d], 4, 1000)
+    assert rows.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert (st["cropped_tokens"], st["tail_tokens_dropped"]) == (0, 2)
+
+
+def test_packing_invariants_on_random_documents():
+    rng = np.random.default_rng(0)
+    row_len, n_docs, stride = 65, 200, 300
+    lengths = rng.integers(1, stride, size=n_docs)
+    # Token value encodes (document k, position p); position 0 is BOS (0).
+    docs = [[0] + [1 + k * stride + p for p in range(1, n)] for k, n in enumerate(lengths)]
+    rows, st = pack(docs, row_len, 16)
+    assert rows.shape == (st["rows"], row_len) and st["rows"] > 0
+    assert st["rows"] * row_len + st["cropped_tokens"] + st["tail_tokens_dropped"] \
+        == lengths.sum() == st["tokens_in"]
+    seen = set()
+    for row in rows.tolist():
+        for col, tok in enumerate(row):
+            if tok == 0:
+                continue
+            k, p = divmod(tok - 1, stride)
+            assert (k, p) not in seen  # nothing duplicated
+            seen.add((k, p))
+            if p % row_len == 0:
+                continue  # the start of a continuation piece of a long document
+            prev = row[col - 1] if col else None
+            if p == 1:
+                assert prev == 0, "a document's first token must be its BOS"
+            else:
+                assert prev == tok - 1, "a piece must stay contiguous"
+    # Every document that kept its first token kept its BOS in front of it, and no BOS is extra.
+    n_bos = int((rows == 0).sum())
+    assert n_bos <= n_docs and n_bos >= sum((k, 1) in seen for k in range(n_docs))
+
+
+# ---------------------------------------------------------------------------------------------
+# Splits and tokenizers
+# ---------------------------------------------------------------------------------------------
+
+@needs_sample
+def test_validation_documents_never_appear_in_train(built):
+    meta = pdata.read_meta(built)
+    assert (meta["train_docs"], meta["val_docs"]) == (135, 15)
+    tok = pdata.load_tokenizer(built)
+    train = np.fromfile(built / "train.bin", dtype=np.uint16)
+    val = np.fromfile(built / "val.bin", dtype=np.uint16)
+    heads = [np.array([tok.bos_id] + tok.encode(t)[:20]) for t in sample_texts()]
+    in_val = [contains(val, h) for h in heads]
+    in_train = [contains(train, h) for h in heads]
+    assert not any(in_train[135:]) and not any(in_val[:135])
+    # The search itself works: most documents are found where they belong (a few may sit in
+    # the dropped last row).
+    assert sum(in_train[:135]) >= 130 and sum(in_val[135:]) >= 13
+
+
+@needs_sample
+def test_tokenizer_trains_on_train_documents_only_within_budget(tmp_path, monkeypatch):
+    seen = []
+    real_train_bpe = pdata.train_bpe
+
+    def recording_train_bpe(texts, vocab_size, out_path):
+        seen.extend(texts)
+        real_train_bpe(iter(seen), vocab_size, out_path)
+
+    monkeypatch.setattr(pdata, "train_bpe", recording_train_bpe)
+    build(tmp_path, "--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 300,
+          "--seq-len", 64, "--tokenizer-chars", 50000)
+    docs = sample_texts()
+    assert sum(map(len, seen)) == 50000
+    assert seen[:-1] == docs[:len(seen) - 1] and docs[len(seen) - 1].startswith(seen[-1])
+    # Without a budget it reads exactly the 135 training documents, never the held-out 15.
+    seen.clear()
+    build(tmp_path / "all", "--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1,
+          "--vocab-size", 300, "--seq-len", 64)
+    assert seen == docs[:135]
+
+
+@needs_sample
+def test_bpe_tokenizer_round_trip_and_bos(built):
+    tok = pdata.load_tokenizer(built)
+    meta = pdata.read_meta(built)
+    assert (tok.vocab_size, tok.bos_id) == (meta["vocab_size"], meta["bos_id"]) == (512, 511)
+    assert meta["tokenizer_sha256"] == sha(built / "tokenizer.json")
+    for text in sample_texts():
+        ids = tok.encode(text)
+        assert tok.bos_id not in ids and max(ids) < tok.vocab_size
+        assert tok.decode(ids) == text
+    assert tok.bos_id not in tok.encode("a literal <|bos|> in the data")
+    assert tok.decode([tok.bos_id]) == "<|bos|>"
+    # One BOS per document: only documents in the dropped last row (< 65 tokens) may lack one.
+    train = np.fromfile(built / "train.bin", dtype=np.uint16)
+    assert meta["train_docs"] - 3 <= (train == tok.bos_id).sum() <= meta["train_docs"]
+    assert train.max() < tok.vocab_size
+
+
+@needs_sample
+def test_sentencepiece_tokenizer(tmp_path, monkeypatch):
+    spm = pytest.importorskip("sentencepiece")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sample_texts()[:135]), model_writer=model, vocab_size=400,
+        model_type="bpe", byte_fallback=True, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, max_sentence_length=20000, unk_id=0, bos_id=1,
+        eos_id=2, pad_id=-1, num_threads=1, minloglevel=2)
+    model_path = tmp_path / "sp.model"
+    model_path.write_bytes(model.getvalue())
+    out = tmp_path / "out"
+    args = ["--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--seq-len", 64,
+            "--tokenizer", "llama2", "--tokenizer-model", model_path]
+    meta = build(out, *args)
+    assert meta["tokenizer_kind"] == "llama2" and meta["tokenizer_sha256"] == sha(model_path)
+    assert (meta["vocab_size"], meta["bos_id"]) == (400, 1)
+    tok = pdata.load_tokenizer(out)
+    for text in sample_texts()[:20]:
+        ids = tok.encode(text)
+        assert 1 not in ids and tok.decode(ids) == text
+    train = np.fromfile(out / "train.bin", dtype=np.uint16)
+    assert meta["train_docs"] - 3 <= (train == 1).sum() <= meta["train_docs"]
+    assert train.max() < 400
+
+    monkeypatch.setitem(sys.modules, "sentencepiece", None)  # as if not installed
+    assert "needs the sentencepiece package" in error_of(*args, "--out", tmp_path / "o2")
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------------
+
+@needs_sample
+def test_bad_sources_name_the_file(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    out = ["--out", tmp_path / "out", "--vocab-size", 300, "--val-fraction", 0.1]
+    assert f"{src}: no " in error_of("--source", src, *out)  # empty folder
+
+    bad = src / "bad.parquet"
+    bad.write_bytes((SAMPLE / "shard_00000.parquet").read_bytes()[:70000])  # truncated
+    msg = error_of("--source", bad, *out)
+    assert str(bad) in msg and "not a readable parquet file" in msg
+
+    bad = src / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": 3}\n')
+    assert f"{bad}:2: no string 'text' field" in error_of("--source", bad, *out)
+    bad.write_text('{"text": "fine"}\n{"text": \n')
+    assert f"{bad}:2: not valid JSON" in error_of("--source", bad, *out)
+
+    assert "no such file" in error_of("--source", tmp_path / "nope.jsonl", *out)
+    assert "unsupported file type" in error_of("--source", SAMPLE / "README.md", *out)
+    assert not (tmp_path / "out").exists()  # all caught before anything was written
+
+
+def test_bad_flags_are_refused_before_any_work(tmp_path):
+    for vocab in (65537, 70000):
+        assert f"--vocab-size {vocab} out of range" in error_of(
+            "--vocab-size", vocab, "--source", tmp_path / "nope", "--out", tmp_path / "o")
+    assert "--tokenizer-model" in error_of("--tokenizer", "llama2", "--source", tmp_path)
+    assert "not both" in error_of("--val-fraction", 0.1, "--val-shards", 1, "--source", tmp_path)
+    assert "--shards applies to downloads" in error_of("--shards", 3, "--source", tmp_path)
+
+
+def test_cli_reports_one_line_and_fails(tmp_path):
+    r = subprocess.run([sys.executable, str(REPO / "prepare_data.py"), "--vocab-size", "70000",
+                        "--out", str(tmp_path / "o")], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.strip().startswith("prepare_data.py: error: --vocab-size 70000")
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+@needs_sample
+def test_existing_output_with_another_tokenizer_is_refused(built, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(built, out)
+    before = {p.name: sha(p) for p in out.iterdir()}
+    msg = error_of("--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 600,
+                   "--seq-len", 64, "--out", out)
+    assert f"{out / 'meta.json'}" in msg and "another tokenizer" in msg
+    # Same size, different training text: caught by the sha256 of the trained tokenizer.
+    msg = error_of("--source", SAMPLE / "shard_00000.parquet", "--val-fraction", 0.1,
+                   "--vocab-size", 512, "--seq-len", 64, "--out", out, "--workers", 1)
+    assert "another tokenizer" in msg and "sha256" in msg
+    assert {p.name: sha(p) for p in out.iterdir()} == before  # the dataset is untouched
+
+
+@needs_sample
+def test_failed_build_leaves_nothing_that_looks_complete(tmp_path):
+    out = tmp_path / "out"
+    msg = error_of("--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 300,
+                   "--seq-len", 100000, "--out", out, "--workers", 1)
+    assert "not one full row" in msg
+    assert sorted(p.name for p in out.iterdir()) == []
+
+
+def test_read_meta_says_how_to_build(tmp_path):
+    with pytest.raises(FileNotFoundError, match="prepare_data.py"):
+        pdata.read_meta(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# RowLoader
+# ---------------------------------------------------------------------------------------------
+
+@needs_sample
+def test_row_loader_batches_are_shifted_rows(built):
+    meta = pdata.read_meta(built)
+    rows = np.fromfile(built / "train.bin", dtype=np.uint16).reshape(-1, meta["row_len"])
+    loader = pdata.RowLoader(built, "train", 4)
+    x, y = loader.next_batch()
+    assert x.shape == y.shape == (4, meta["seq_len"]) and str(x.dtype) == "torch.int64"
+    assert (x.numpy() == rows[:4, :-1]).all() and (y.numpy() == rows[:4, 1:]).all()
+    assert loader.row == 4
+
+
+@needs_sample
+def test_row_loader_ranks_partition_the_single_process_batch(built):
+    world, per_rank = 3, 5
+    n_rows = pdata.read_meta(built)["val_rows"]
+    single = pdata.RowLoader(built, "val", world * per_rank)
+    ranks = [pdata.RowLoader(built, "val", per_rank, rank=k, world_size=world)
+             for k in range(world)]
+    steps = n_rows // (world * per_rank) + 2  # long enough to wrap into a second epoch
+    for _ in range(steps):
+        want = single.next_batch()[0].numpy()
+        got = [r.next_batch()[0].numpy() for r in ranks]
+        for k in range(world):  # rank k holds global rows row + k + world * i
+            assert (got[k] == want[k::world]).all()
+        union = np.concatenate(got)
+        assert sorted(map(tuple, union.tolist())) == sorted(map(tuple, want.tolist()))
+        # Disjoint: packed rows are distinct token sequences, so no row may repeat.
+        assert len(set(map(tuple, union.tolist()))) == world * per_rank <= n_rows
+    assert single.row == steps * world * per_rank and single.epoch >= 1
+    assert all(r.row == single.row and r.epoch == single.epoch for r in ranks)
+
+
+@needs_sample
+def test_row_loader_resumes_identically(built):
+    a = pdata.RowLoader(built, "train", 3, rank=1, world_size=2)
+    for _ in range(4):
+        a.next_batch()
+    saved = a.row
+    expected = [a.next_batch() for _ in range(3)]
+    b = pdata.RowLoader(built, "train", 3, rank=1, world_size=2, start_row=saved)
+    for x, y in expected:
+        bx, by = b.next_batch()
+        assert (bx == x).all() and (by == y).all()
+
+
+@needs_sample
+def test_row_loader_rejects_bad_arguments_and_files(built, tmp_path):
+    with pytest.raises(ValueError):
+        pdata.RowLoader(built, "train", 2, rank=2, world_size=2)
+    with pytest.raises(ValueError):
+        pdata.RowLoader(built, "test", 2)
+    out = tmp_path / "short"
+    shutil.copytree(built, out)
+    with open(out / "val.bin", "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(ValueError, match="val.bin"):
+        pdata.RowLoader(out, "val", 2)
