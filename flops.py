@@ -36,7 +36,7 @@ PEAK_BF16_FLOPS = {
 class ModelConfig:
     """Everything that fixes the shape of a looped model. model.py builds exactly this."""
     r: int = 4                      # recurrences of the shared block (train time)
-    scale: int = 10                 # width d = 64 * scale
+    scale: float = 10               # width d = 64 * scale (fractions such as 0.5 for CPU-scale grids)
     r_bwd: int = 0                  # loops that get gradient (truncated BPTT); 0 means r
     injection: str = "linear"       # linear | additive | passthrough | hyper ("none" for a plain stack)
     hc_lanes: int = 2               # K, hyperconnection lanes
@@ -53,8 +53,10 @@ class ModelConfig:
         """Resolve defaults and reject impossible layouts with a one-line reason (ValueError)."""
         if self.r < 1:
             raise ValueError(f"--r must be >= 1, got {self.r}")
-        if self.scale < 1:
-            raise ValueError(f"--scale must be >= 1, got {self.scale}")
+        if not (self.scale > 0 and float(64 * self.scale).is_integer()):
+            raise ValueError(f"--scale must be positive with 64*scale a whole width, got {self.scale}")
+        if float(self.scale).is_integer():
+            self.scale = int(self.scale)
         if self.r_bwd == 0:
             self.r_bwd = self.r
         if not 1 <= self.r_bwd <= self.r:
@@ -74,7 +76,7 @@ class ModelConfig:
             self.recur = n_shared // self.r
         self.depth = self.prelude + self.r * self.recur + self.coda
         if self.d_model % self.head_dim:
-            raise ValueError(f"width d=64*{self.scale}={self.d_model} is not a multiple of head dim "
+            raise ValueError(f"width d=64*{self.scale:g}={self.d_model} is not a multiple of head dim "
                              f"{self.head_dim} (use an even --scale with head dim 128)")
         if self.injection == "hyper" and self.r_bwd < self.r:
             raise ValueError("hyper injection needs full BPTT: the early steps' alpha/M/beta would get no "
@@ -91,7 +93,7 @@ class ModelConfig:
 
     @property
     def d_model(self):
-        return 64 * self.scale
+        return int(64 * self.scale)
 
     @property
     def n_head(self):
@@ -212,7 +214,7 @@ def add_model_args(parser):
     """The architecture flags, shared by flops.py, train.py and anything else that builds a model."""
     d = ModelConfig
     parser.add_argument("--r", type=int, default=d.r, help="recurrences of the shared block")
-    parser.add_argument("--scale", type=int, default=d.scale, help="width d = 64 * scale")
+    parser.add_argument("--scale", type=float, default=d.scale, help="width d = 64 * scale")
     parser.add_argument("--r-bwd", type=int, default=0, help="loops with gradient (truncated BPTT); default r")
     parser.add_argument("--injection", default=d.injection, choices=INJECTIONS)
     parser.add_argument("--hc-lanes", type=int, default=d.hc_lanes, help="hyperconnection lanes K")
