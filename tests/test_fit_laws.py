@@ -1,0 +1,446 @@
+"""
+fit_laws.py as a spec of the papers' fitting claims.
+
+Synthetic sweeps are the paper's iso-FLOP grid (RECIPE §6: six budgets, 29 (C, s) cells, r in
+{1, 2, 4, 8}, counts and tokens from flops.py at batch 2^18, V = 32064, T = 2048) with losses from a
+known joint law plus 0.01-nat Gaussian noise. Restart and resample counts are below the paper's
+500 / 200 to keep the suite fast; the full protocol is exercised on the real Chinchilla data.
+"""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import flops  # noqa: E402
+import fit_laws as fl  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+EPOCH_CSV = DATA / "scaling-runs" / "chinchilla-epoch-extracted.csv"
+TRUTH = fl.SYNTHETIC_TRUTH
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    """Seed-0 synthetic paper grid with its joint fit and a block bootstrap."""
+    rows = fl.synthetic_rows(seed=0)
+    joint = fl.fit_joint(rows, restarts=100, seed=0, workers=2)
+    boot = fl.bootstrap_joint(rows, joint, resamples=80, restarts=2, seed=0, workers=2)
+    return rows, joint, boot
+
+
+# ---------------------------------------------------------------------------------------------
+# The synthetic sweep is the paper's grid
+
+def test_synthetic_sweep_is_the_paper_grid_with_sane_losses(sweep):
+    rows = sweep[0]
+    assert len(rows) == 116  # 29 (C, s) cells x 4 architectures (iso-depth §4.1)
+    for r in (1, 2, 4, 8):
+        assert sum(row["r"] == r for row in rows) == 29
+    budgets = sorted({row["flops_budget"] for row in rows})
+    assert budgets == [4.64e17, 1e18, 2.15e18, 4.64e18, 1e19, 2.15e19]
+    losses = np.array([row["val_loss"] for row in rows])
+    assert 2.5 < losses.min() and losses.max() < 4.0  # a realistic language-model loss range
+    # s = 10: the paper's parameter counts 98.3, 59.8, 40.2, 30.3 M for r = 1, 2, 4, 8 (§3.1)
+    n10 = {row["r"]: row["n_params"] / 1e6 for row in rows if row["scale"] == 10}
+    assert [round(n10[r], 1) for r in (1, 2, 4, 8)] == [98.3, 59.8, 40.2, 30.3]
+    # iso-FLOP: D = steps * 2^18 with steps = round(C / (F * B))
+    for row in rows:
+        assert row["tokens"] % 2 ** 18 == 0
+        assert abs(row["tokens"] * row["flops_per_token"] / row["flops_budget"] - 1) < 0.01
+
+
+def test_objective_gradient_is_analytic_and_exact(sweep):
+    rows = sweep[0]
+    c = fl._joint_arrays(rows)
+    rng = np.random.default_rng(3)
+    for phi in (None, 0.5):
+        prob = fl._problem(c["n_once"], c["n_rec"], c["r"], c["tokens"], c["val_loss"], phi=phi,
+                           weights=rng.integers(0, 3, len(rows)))
+        k = len(prob["lo"])
+        for _ in range(3):
+            theta = np.array([6.0, 7.0, 0.6, 0.34, 0.37, 0.4])[:k] + rng.normal(0, 0.05, k)
+            f, g = fl._objective(theta, prob)
+            h = 1e-7
+            num = np.array([(fl._objective(theta + h * e, prob)[0] - fl._objective(theta - h * e, prob)[0]) / (2 * h)
+                            for e in np.eye(k)])
+            assert np.allclose(g, num, rtol=1e-5, atol=1e-10)
+
+
+# ---------------------------------------------------------------------------------------------
+# Real data: Epoch's replication of Chinchilla
+
+@pytest.mark.skipif(not EPOCH_CSV.is_file(), reason=f"real scaling runs not found at {EPOCH_CSV}")
+def test_epoch_chinchilla_optimum_reproduced():
+    raw = fl.load_results(EPOCH_CSV, {"n_params": "Model Size", "flops_budget": "Training FLOP", "val_loss": "loss"})
+    rows, notes = fl.prepare_rows(raw)
+    assert "tokens not given: D = C / (6 N)" in notes
+    losses = sorted(row["val_loss"] for row in rows)
+    rows = [row for row in rows if row["val_loss"] < losses[-5]]  # Epoch drops the five highest losses
+    assert len(rows) == 240
+    fit = fl.fit_chinchilla([row["n_params"] for row in rows], [row["tokens"] for row in rows],
+                            [row["val_loss"] for row in rows], restarts=500, seed=0, workers=2)
+    assert fit["converged"]
+    # Epoch's Huber / L-BFGS-B optimum: A 477.8, B 2143, E 1.8172, alpha 0.3473, beta 0.3672, obj 0.00101827
+    assert fit["objective"] == pytest.approx(0.00101827, abs=5e-9)
+    assert fit["A"] == pytest.approx(477.8, rel=2e-3)
+    assert fit["B"] == pytest.approx(2143, rel=2e-3)
+    assert fit["E"] == pytest.approx(1.8172, abs=2e-4)
+    assert fit["alpha"] == pytest.approx(0.3473, abs=2e-4)
+    assert fit["beta"] == pytest.approx(0.3672, abs=2e-4)
+    # Hoffmann et al.'s published values sit far off this optimum (Epoch could not reproduce them)
+    assert abs(fit["B"] - 410.7) > 1000 and abs(fit["beta"] - 0.28) > 0.05
+    assert fit["hits"] >= 5  # several independent restarts agree on the optimum
+
+
+@pytest.mark.skipif(not EPOCH_CSV.is_file(), reason=f"real scaling runs not found at {EPOCH_CSV}")
+def test_cli_reads_csv_with_column_flags(tmp_path):
+    out = tmp_path / "epoch.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "fit_laws.py"), str(EPOCH_CSV), "--n-col", "Model Size",
+                           "--budget-col", "Training FLOP", "--loss-col", "loss", "--drop-highest", "5",
+                           "--restarts", "100", "--workers", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "joint law skipped" in proc.stdout  # one architecture: no phi to fit
+    res = json.loads(out.read_text())
+    assert res["n_runs"] == 240 and res["joint"] is None
+    assert res["per_arch"]["r=1"]["A"] == pytest.approx(477.8, rel=2e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# The joint law and phi (iso-depth §3.2, §4.3, App. G)
+
+def test_phi_recovered_within_its_bootstrap_ci(sweep):
+    rows, joint, boot = sweep
+    assert joint["converged"]
+    assert joint["phi"] == pytest.approx(TRUTH["phi"], abs=0.03)
+    lo, hi = boot["phi_ci"]
+    assert lo < joint["phi"] < hi and lo <= TRUTH["phi"] <= hi
+    assert hi - lo < 0.15
+    assert boot["frac_phi_le_0"] == 0 and boot["frac_phi_ge_1"] == 0  # like the paper: no resample reaches 0 or 1
+    assert joint["E"] == pytest.approx(TRUTH["E"], abs=0.15)
+    assert joint["alpha"] == pytest.approx(TRUTH["alpha"], abs=0.04)
+    assert joint["beta"] == pytest.approx(TRUTH["beta"], abs=0.04)
+    assert joint["rmse"] == pytest.approx(0.01, abs=0.003)  # the residual is the injected noise
+    for k in ("E", "alpha", "beta", "A", "B"):
+        assert boot[k + "_ci"][0] <= joint[k] <= boot[k + "_ci"][1]
+
+
+def test_bootstrap_ci_covers_the_truth_in_most_seeds():
+    covered, errors = 0, []
+    for seed in (1, 2, 3, 4):
+        rows = fl.synthetic_rows(seed=seed)
+        joint = fl.fit_joint(rows, restarts=40, seed=seed, workers=2)
+        boot = fl.bootstrap_joint(rows, joint, resamples=50, restarts=0, seed=seed, workers=2)
+        lo, hi = boot["phi_ci"]
+        covered += lo <= TRUTH["phi"] <= hi
+        errors.append(joint["phi"] - TRUTH["phi"])
+    assert covered >= 3
+    assert max(abs(e) for e in errors) < 0.05
+
+
+@pytest.mark.parametrize("phi", [0.0, 1.0])
+def test_reference_points_phi_0_and_1_recovered(phi):
+    rows = fl.synthetic_rows({"phi": phi}, seed=5)
+    free = fl.fit_joint(rows, restarts=60, seed=0, workers=2)
+    assert free["phi"] == pytest.approx(phi, abs=0.05)
+    right = fl.fit_joint(rows, restarts=60, seed=0, phi=phi, workers=2)
+    wrong = fl.fit_joint(rows, restarts=60, seed=0, phi=1.0 - phi, workers=2)
+    # The restricted fit at the true reference point loses nothing; the other one is clearly worse.
+    assert right["r2"] > free["r2"] - 2e-4
+    assert wrong["r2"] < free["r2"] - 0.01
+
+
+def test_restricted_fits_lose_fit_quality_at_phi_046(sweep):
+    rows, joint, _ = sweep
+    r2 = {phi: fl.fit_joint(rows, restarts=60, seed=0, phi=phi, workers=2)["r2"] for phi in (0.0, 1.0)}
+    # Paper §4.3: free phi R2 0.997; both reference points fit clearly worse.
+    assert joint["r2"] > 0.999
+    assert r2[0.0] < joint["r2"] - 0.005 and r2[1.0] < joint["r2"] - 0.005
+
+
+def test_residuals_by_r_are_balanced(sweep):
+    rows, joint, _ = sweep
+    table = fl.residuals_by_r(joint, rows)
+    assert [t["r"] for t in table] == [1, 2, 4, 8] and all(t["runs"] == 29 for t in table)
+    for t in table:  # App. G.1: comparable RMSE per r, means near zero
+        assert 0.005 < t["rmse"] < 0.016
+        assert abs(t["mean"]) < 0.006
+        assert t["max_abs"] >= t["rmse"]
+
+
+def test_budget_halves_split_like_the_paper(sweep):
+    rows = sweep[0]
+    (low, lb), (high, hb) = fl.budget_halves(rows)
+    # App. G.3: C <= 2.15e18 with n = 56 runs, C >= 4.64e18 with n = 60 runs
+    assert list(lb) == [4.64e17, 1e18, 2.15e18] and len(low) == 56
+    assert list(hb) == [4.64e18, 1e19, 2.15e19] and len(high) == 60
+    for part in (low, high):
+        half = fl.fit_joint(part, restarts=60, seed=0, workers=2)
+        assert half["phi"] == pytest.approx(TRUTH["phi"], abs=0.08)
+
+
+def test_fast_bootstrap_refits_land_on_the_full_restart_optimum(sweep):
+    rows, joint, _ = sweep
+    cell_of_run, r_of_cell = fl.bootstrap_cells(rows)
+    assert len(r_of_cell) == 24  # 6 budgets x 4 architectures
+    for i in (0, 1, 2):
+        w, _ = fl.resample_weights(0, i, cell_of_run, r_of_cell)
+        assert w.sum() == pytest.approx(116, rel=0.6)  # 24 cells drawn, ~4.8 runs each
+        full = fl.fit_joint(rows, restarts=200, seed=100 + i, weights=w, workers=2)
+        fast = fl.fit_joint(rows, restarts=8, seed=200 + i, weights=w, x0=joint["local_optima"])
+        assert fast["objective"] <= full["objective"] * (1 + 1e-7)
+        assert fast["phi"] == pytest.approx(full["phi"], abs=1e-4)
+
+
+def test_bootstrap_is_deterministic_and_worker_independent(sweep):
+    rows, joint, _ = sweep
+    a = fl.bootstrap_joint(rows, joint, resamples=6, restarts=2, seed=11, workers=1)
+    b = fl.bootstrap_joint(rows, joint, resamples=6, restarts=2, seed=11, workers=2)
+    c = fl.bootstrap_joint(rows, joint, resamples=6, restarts=2, seed=12, workers=2)
+    assert a["draws"]["phi"] == b["draws"]["phi"]
+    assert a["draws"]["phi"] != c["draws"]["phi"]
+
+
+def test_delta_phi_detects_a_weaker_recipe():
+    # Truncated BPTT (last ceil(r/2) loops trained) with a lower true phi, as in iso-depth §5.1.
+    base = fl.synthetic_rows(seed=6)
+    trunc = fl.synthetic_rows({"phi": 0.30}, seed=7, truncated=True)
+    assert {(row["r"], row["r_bwd"]) for row in trunc} == {(1, 1), (2, 1), (4, 2), (8, 4)}
+    fits, boots = [], []
+    for k, rows in enumerate((base, trunc)):
+        fit = fl.fit_joint(rows, restarts=40, seed=k, workers=2)
+        fits.append(fit)
+        boots.append(fl.bootstrap_joint(rows, fit, resamples=50, restarts=0, seed=k, workers=2))
+    cmp_ = fl.compare_phi(boots[0], boots[1], fits[0], fits[1])
+    assert cmp_["delta_phi"] == pytest.approx(-0.16, abs=0.05)
+    assert cmp_["excludes_zero"] and cmp_["delta_phi_ci"][1] < 0
+    assert cmp_["delta_phi_ci"][0] <= -0.16 <= cmp_["delta_phi_ci"][1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Compute-optimal frontier (iso-depth §4.2) and the equivalence example (§1, App. G.5)
+
+def test_frontier_minimises_loss_over_the_width_family(sweep):
+    rows, joint, _ = sweep
+    r4 = [row for row in rows if row["r"] == 4]
+    fam = fl.width_family(r4[0], max_scale=120)
+    assert fam["source"] == "flops.py"
+    for C in (1e18, 1e19):
+        pt = fl.frontier_point(joint, fam, C, r=4, joint=True)
+        # brute force over every even width with flops.py directly
+        best = min(float(fl.law_loss(joint, fam["n_once"][i], fam["n_rec"][i], 4, C / fam["F"][i]))
+                   for i in range(len(fam["N"])))
+        assert pt["L_star"] <= best + 1e-9
+        assert pt["L_star"] > best - 1e-3  # continuous width gains only a sliver over the even grid
+        assert pt["D_star"] == pytest.approx(C / flops.flops_per_token(flops.ModelConfig(r=4, scale=round(pt["scale_star"] / 2) * 2)), rel=0.15)
+        assert not pt["at_edge"]
+
+
+def test_frontier_gap_grows_with_r_and_vanishes_at_phi_1(sweep):
+    rows, joint, _ = sweep
+    budgets = sorted({row["flops_budget"] for row in rows})
+    pts = fl.compute_frontier(rows, {}, joint, budgets)
+    for C in budgets:
+        gap = {p["r"]: p["gap_to_r1"] for p in pts if p["budget"] == C and p["law"] == "joint"}
+        assert 0 < gap[2] < gap[4] < gap[8]  # the looped frontier trails, more so for larger r
+    # Looped optima use fewer unique parameters than the baseline but wider models (Figure 4)
+    at = {p["r"]: p for p in pts if p["budget"] == 1e19}
+    assert at[8]["N_star"] < at[1]["N_star"] and at[8]["scale_star"] > at[1]["scale_star"]
+    # phi = 1: every recurrence is worth a unique block, so all architectures share one frontier
+    full = dict(joint, phi=1.0)
+    for p in fl.compute_frontier(rows, {}, full, budgets):
+        if p["r"] > 1:
+            assert abs(p["gap_to_r1"]) < 0.01
+
+
+def test_frontier_falls_back_to_interpolating_runs(sweep):
+    rows = sweep[0]
+    bare = [{k: row[k] for k in ("r", "r_bwd", "injection", "n_params", "n_once", "n_rec", "tokens",
+                                 "flops_budget", "flops_per_token", "val_loss")} for row in rows if row["r"] == 1]
+    fam = fl._family_for_group(bare)
+    assert fam["source"] == "interpolated between runs"
+    fit = fl.fit_chinchilla([r["n_params"] for r in bare], [r["tokens"] for r in bare],
+                            [r["val_loss"] for r in bare], restarts=50, workers=2)
+    pt = fl.frontier_point(fit, fam, 2.15e18)
+    exact = fl.frontier_point(fit, fl.width_family(rows[0]), 2.15e18)
+    assert min(fam["N"]) <= pt["N_star"] <= max(fam["N"])
+    assert pt["N_star"] == pytest.approx(exact["N_star"], rel=0.03)
+
+
+def test_equivalence_reproduces_the_papers_r4_example():
+    eq = fl.equivalence(4, 32, 0.46)
+    assert eq["N"] / 1e6 == pytest.approx(410, rel=0.01)            # "a 410M looped model"
+    assert eq["same_loss"]["N"] / 1e6 == pytest.approx(580, rel=0.05)  # "on par with a 580M non-looped model"
+    assert eq["same_flops"]["N"] / 1e9 == pytest.approx(1.0, rel=0.05)  # "the training cost of a 1B non-looped one"
+    # iso-depth: the same-width non-looped model costs about the same per token
+    assert eq["same_width"]["flops_per_token"] == pytest.approx(eq["flops_per_token"], rel=0.05)
+    assert eq["n_eff"] == pytest.approx(eq["n_once"] + 4 ** 0.46 * eq["n_rec"])
+    # phi = 1 would make the looped model worth its full compute; phi = 0 only its unique parameters
+    assert fl.equivalence(4, 32, 0.0)["same_loss"]["N"] == pytest.approx(eq["N"])
+    assert fl.equivalence(4, 32, 1.0)["same_loss"]["N"] > eq["same_flops"]["N"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Truncate-or-not law (their §5-6, Table 5 and Table 9)
+
+PUBLISHED_G = {(1, 1): (1.00000, 1.00000), (2, 1): (1.18330, 1.09294), (2, 2): (1.91023, 1.46150),
+               (4, 1): (1.36498, 1.18505), (4, 2): (2.04945, 1.53209), (4, 4): (2.50361, 1.76236),
+               (8, 2): (2.17552, 1.59601), (8, 4): (2.57832, 1.80024), (8, 8): (2.80330, 1.91431),
+               (16, 16): (2.93895, 1.98308)}
+
+
+def test_looping_coefficient_reproduces_published_table():
+    c = fl.TL_PUBLISHED
+    for (T, B), (g, neff_ratio) in PUBLISHED_G.items():
+        got = float(fl.g_loop(T, B, c["c"], c["p"], c["q"]))
+        assert got == pytest.approx(g, abs=2e-5)  # table values from unrounded coefficients
+        assert 1 - fl.TL_RHO + fl.TL_RHO * got == pytest.approx(neff_ratio, abs=5e-5)
+    # bounded gain: g saturates below e^c, and truncation discounts it
+    assert fl.g_loop(1e6, 1e6, c["c"], c["p"], c["q"]) < math.exp(c["c"])
+    assert fl.g_loop(8, 2, c["c"], c["p"], c["q"]) < fl.g_loop(8, 8, c["c"], c["p"], c["q"])
+
+
+def test_chi_table_reproduces_best_backward_loops():
+    table = fl.chi_table(fl.TL_PUBLISHED, fl.TL_RHO, (1, 2, 4, 8, 16))
+    got = [(t["T"], t["B_star"], round(t["chi_star"], 3), round(t["chi_full"], 3),
+            round(t["N_star_ratio"], 2), round(t["D_star_ratio"], 2)) for t in table]
+    assert got == [(1, 1, 1.0, 1.0, 1.0, 1.0), (2, 2, 1.031, 1.031, 1.0, 1.0), (4, 2, 1.204, 1.43, 1.27, 1.08),
+                   (8, 2, 1.58, 2.376, 1.51, 1.2), (16, 2, 2.343, 4.339, 1.7, 1.31)]
+    # the chi definition: 6 N_comp = 6 N_once + (2T + 4B) N_rec, so (4, 4) costs as much as (8, 2)
+    ch = lambda T, B: fl.chi(T, B, 0.5, fl.TL_PUBLISHED) * (0.5 + 0.5 * fl.g_loop(T, B, 1.11198, 0.23677, 1.02181))
+    assert ch(4, 4) == pytest.approx(ch(8, 2))
+
+
+def _truncate_sweep(noise=0.004, seed=0):
+    """Fixed-N grid in truncate-or-not's style: custom prelude/recur/coda layouts, ten loop settings."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s, (lp, lr, lc) in [(8, (2, 4, 2)), (12, (2, 5, 2)), (16, (3, 6, 3)), (20, (3, 6, 3)), (26, (3, 7, 4))]:
+        for T, B in [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (8, 8)]:
+            cfg = flops.ModelConfig(r=T, r_bwd=B, scale=s, prelude=lp, coda=lc, recur=lr)
+            for dm in (0.5, 1, 2, 4):
+                row = flops.summary(cfg)
+                D = dm * 2 ** 30
+                L = float(fl.truncate_law_loss(fl.TL_PUBLISHED, row["n_once"], row["n_rec"], T, B, D))
+                row.update(tokens=D, flops_budget=row["flops_per_token"] * D, val_loss=L + noise * rng.standard_normal())
+                rows.append(row)
+    return fl.prepare_rows(rows)[0]
+
+
+def test_truncate_law_fit_recovers_the_looping_coefficient():
+    rows = _truncate_sweep()
+    d = fl._tl_data(rows)
+    theta = np.array([0.3, 1.8, 2.0, 0.3, 0.4, 0.33, 0.1, 0.24, 1.0])
+    _, J = fl._tl_residuals(theta, d)
+    h = 1e-6
+    num = np.column_stack([(fl._tl_residuals(theta + h * e, d)[0] - fl._tl_residuals(theta - h * e, d)[0]) / (2 * h)
+                           for e in np.eye(9)])
+    assert np.allclose(J, num, rtol=1e-5, atol=1e-8)  # analytic Jacobian
+    tl = fl.fit_truncate_law(rows, starts=16, workers=2)
+    assert tl["converged"] and tl["rmse"] < 0.006
+    for (T, B) in [(2, 1), (2, 2), (4, 4), (8, 2), (8, 8)]:
+        assert fl.g_loop(T, B, tl["c"], tl["p"], tl["q"]) == pytest.approx(PUBLISHED_G[(T, B)][0], rel=0.03)
+    assert tl["q"] > 2 * tl["p"]  # the condition under which full BPTT is optimal (their Lemma D.2)
+    held = fl.truncate_holdout(rows, "setting", starts=6, workers=2)
+    assert held["fits"] == 9 and held["converged_folds"] == 9
+    assert tl["rmse"] <= held["rmse"] < 0.02  # unseen loop settings are harder, but still predicted
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input and the command line
+
+def test_bad_inputs_raise_clear_errors(sweep, tmp_path):
+    rows = sweep[0]
+    N = [r["n_params"] for r in rows[:29]]
+    D = [r["tokens"] for r in rows[:29]]
+    L = [r["val_loss"] for r in rows[:29]]
+    with pytest.raises(ValueError, match="too few"):
+        fl.fit_chinchilla(N[:5], D[:5], L[:5])
+    with pytest.raises(ValueError, match="non-positive L"):
+        fl.fit_chinchilla(N, D, L[:-1] + [float("nan")])
+    with pytest.raises(ValueError, match="one compute budget"):
+        one = [r for r in rows if r["flops_budget"] == 4.64e18]
+        fl.fit_joint(one)
+    with pytest.raises(ValueError, match="two or more loop counts"):
+        fl.fit_joint([r for r in rows if r["r"] == 1])
+    with pytest.raises(ValueError, match="lacks n_rec"):
+        fl.fit_joint([{k: v for k, v in r.items() if k != "n_rec"} for r in rows])
+    nan_rows = [dict(r) for r in rows]
+    nan_rows[3]["val_loss"] = float("nan")
+    with pytest.raises(ValueError, match="val_loss"):
+        fl.prepare_rows(nan_rows)
+    with pytest.raises(ValueError, match="lack val_loss"):
+        fl.prepare_rows([{k: v for k, v in r.items() if k != "val_loss"} for r in rows])
+    with pytest.raises(ValueError, match="nothing to fit.*too few"):
+        fl.analyse([r for r in rows if r["r"] == 1][:5], restarts=2, boot=0)
+    csv_path = tmp_path / "runs.csv"
+    csv_path.write_text("N,C,loss\n1e8,1e18,3.0\n")
+    with pytest.raises(ValueError, match="no column 'Model Size'"):
+        fl.load_results(csv_path, {"n_params": "Model Size"})
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    one_budget = tmp_path / "one.jsonl"
+    fl.write_jsonl([r for r in fl.synthetic_rows(seed=0) if r["flops_budget"] == 1e18], one_budget)
+    nan_file = tmp_path / "nan.jsonl"
+    rows = fl.synthetic_rows(seed=0)
+    rows[0]["val_loss"] = float("nan")
+    fl.write_jsonl(rows, nan_file)
+    for args, needle in (([str(one_budget)], "one compute budget"), ([str(nan_file)], "NaN"),
+                         ([str(tmp_path / "missing.jsonl")], "no such file"), ([], "give a results file")):
+        proc = subprocess.run([sys.executable, str(ROOT / "fit_laws.py"), *args, "--restarts", "5"],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0
+        err = proc.stderr.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("fit_laws.py:") and needle in err, err
+
+
+def test_unconverged_fit_is_reported_as_such(sweep, monkeypatch):
+    rows = sweep[0]
+    monkeypatch.setitem(fl.LBFGS_OPTIONS, "maxiter", 2)
+    res = fl.analyse(rows, restarts=2, boot=0, workers=1)
+    assert not res["joint"]["converged"]
+    lines = []
+    fl.report(res, "tiny", p=lines.append)
+    text = "\n".join(lines)
+    assert "NOT CONVERGED" in text and "phi   =" not in text
+
+
+def test_cli_end_to_end(tmp_path):
+    base, trunc = tmp_path / "base.jsonl", tmp_path / "trunc.jsonl"
+    script = str(ROOT / "fit_laws.py")
+    for path, extra in ((base, []), (trunc, ["--synthetic-truth", "phi=0.3", "--synthetic-bptt", "truncated", "--seed", "1"])):
+        proc = subprocess.run([sys.executable, script, "--write-synthetic", str(path), *extra],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    out, plots = tmp_path / "fit.json", tmp_path / "plots"
+    proc = subprocess.run([sys.executable, script, str(base), "--compare", str(trunc), "--restarts", "30",
+                           "--bootstrap", "12", "--boot-restarts", "2", "--equiv", "4", "32", "--chi-table",
+                           "--json", str(out), "--plots", str(plots), "--workers", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    for needle in ("Per-architecture Chinchilla fits", "Joint law", "Restricted fits", "residuals by r",
+                   "Budget halves", "Compute-optimal frontier", "Delta-phi", "Equivalence at r = 4",
+                   "Best backward-loop count"):
+        assert needle in text
+    res = json.loads(out.read_text())
+    for key in ("phi", "phi_ci", "A", "alpha", "B", "beta", "E", "r2", "rmse"):
+        assert key in res["joint"]
+    assert res["joint"]["phi"] == pytest.approx(0.46, abs=0.05)
+    assert set(res["per_arch"]) == {"r=1", "r=2 bwd=2 linear", "r=4 bwd=4 linear", "r=8 bwd=8 linear"}
+    assert set(res["restricted"]) == {"phi=0", "phi=1"}
+    assert len(res["frontier"]) == 2 * 4 * 6  # two laws x four architectures x six budgets
+    assert res["delta_phi"]["delta_phi"] < 0
+    assert res["equivalence"]["same_flops"]["N"] > res["equivalence"]["same_loss"]["N"]
+    assert [t["B_star"] for t in res["chi_table"]] == [1, 2, 2, 2, 2]
+    for name in ("isoflop.png", "frontier.png", "pred_vs_actual.png"):
+        png = plots / name
+        assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
