@@ -356,7 +356,10 @@ def main(argv=None):
                    val_loss=val_loss, train_loss=train_loss, **extra_eval, eval_rows=eval_rows,
                    seed=args.seed, tokens_per_s=tokens_per_s,
                    mfu=flops.mfu(cfg, tokens_per_s, world, device_name), wall_s=wall_s,
-                   lrs=lrs, world_size=world, device=device_name, dtype=dtype, attention=backend,
+                   lrs=lrs, base_lrs={name: getattr(args, f"lr_{name}") for name in BASE_LRS},
+                   lr_rule={"batch_exp": args.batch_exp, "data_exp": args.data_exp, "width_exp": args.width_exp,
+                            "ref_width": args.ref_width, "ref_batch": args.ref_batch, "ref_tokens": tokens_ref},
+                   world_size=world, device=device_name, dtype=dtype, attention=backend,
                    run=run_name, out=str(out),
                    data_meta={k: meta.get(k) for k in ("tokenizer_kind", "tokenizer_sha256", "vocab_size", "seq_len",
                                                         "train_rows", "val_rows", "train_tokens", "command")}
