@@ -308,3 +308,18 @@ class GPT(nn.Module):
                 next_id = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
             idx = torch.cat([idx, next_id], dim=1)
         return idx
+
+
+def activation_bytes(model, idx):
+    """Bytes of the tensors autograd keeps for the backward pass of one training step on idx: the
+    activation memory that truncated BPTT saves (each storage counted once). Runs the backward."""
+    kept = {}
+
+    def pack(t):
+        kept[(t.untyped_storage().data_ptr(), t.dtype)] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(idx, idx)
+    loss.backward()
+    return sum(kept.values())

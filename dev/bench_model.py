@@ -10,7 +10,6 @@ median per configuration is reported), because absolute times drift on shared ma
 """
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import flops  # noqa: E402
-from model import GPT  # noqa: E402
+from model import GPT, activation_bytes  # noqa: E402
 
 
 class PlainGPT(nn.Module):
@@ -68,19 +67,6 @@ def step_time(model, opt, idx):
     opt.step()
     opt.zero_grad(set_to_none=True)
     return time.perf_counter() - t0
-
-
-def saved_activation_bytes(model, idx):
-    seen = {}
-
-    def pack(t):
-        seen[(t.untyped_storage().data_ptr(), t.dtype)] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = model(idx, idx)
-    loss.backward()
-    return sum(seen.values())
 
 
 def peak_rss_child(args, r_bwd):
@@ -147,7 +133,7 @@ def main():
         torch.manual_seed(0)
         cfg = flops.ModelConfig(r=8, r_bwd=k, **{**shape, "scale": args.mem_scale})
         mem_idx = torch.randint(0, args.vocab, (args.mem_batch, args.seq_len))
-        mem[k] = saved_activation_bytes(GPT(cfg), mem_idx) / 2 ** 20
+        mem[k] = activation_bytes(GPT(cfg), mem_idx) / 2 ** 20
         rss[k] = peak_rss_child(args, k)
     for k in (8, 4, 2, 1):
         # Ideal: activations scale with the layers that keep them, prelude + coda + k * recur.

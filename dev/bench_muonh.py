@@ -133,7 +133,7 @@ def bench_step_vs_forward_backward(tokens, repeats):
     ns_total = sum(n * ns_flops(shape, steps) for shape, n in counts.items())
 
     print(f"(1) s=10, r=4 ({source}), torch threads {torch.get_num_threads()}")
-    print(f"    MuonH matrices: " + ", ".join(f"{n} x {s[0]}x{s[1]}" for s, n in counts.items()))
+    print("    MuonH matrices: " + ", ".join(f"{n} x {s[0]}x{s[1]}" for s, n in counts.items()))
     print(f"    fwd+bwd measured: {idx.numel()} tokens (rows of {seq_len}) in {fwd_bwd_s:.2f} s "
           f"= {achieved / 1e9:.1f} GFLOP/s by flops.py's count")
     print(f"    fwd+bwd at 2^18 tokens, seq 2048: extrapolated linearly in FLOPs "

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from flops import ModelConfig
-from model import GPT, attention_backend
+from model import GPT, activation_bytes, attention_backend
 
 
 def tiny(**kw):
@@ -46,23 +46,9 @@ def test_truncated_bptt_same_forward_and_no_grad_in_early_loops():
         assert torch.equal(logits[r_bwd], logits[4])
 
 
-def saved_activation_bytes(model, idx):
-    """Bytes of tensors autograd keeps for the backward pass (the activation memory of a step)."""
-    seen = {}
-
-    def pack(t):
-        seen[(t.untyped_storage().data_ptr(), t.dtype)] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = model(idx, idx)
-    loss.backward()
-    return sum(seen.values())
-
-
 def test_truncation_lowers_training_memory():
     idx = tokens(T=32)
-    mem = {k: saved_activation_bytes(make(r=8, r_bwd=k), idx) for k in (8, 4, 2, 1)}
+    mem = {k: activation_bytes(make(r=8, r_bwd=k), idx) for k in (8, 4, 2, 1)}
     assert mem[8] > mem[4] > mem[2] > mem[1]
     # The four no-grad loops of r_bwd = 4 keep nothing: the saving is 4 loops' worth of activations.
     per_loop = (mem[8] - mem[4]) / 4

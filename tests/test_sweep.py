@@ -10,10 +10,8 @@ from pathlib import Path
 import pytest
 
 import flops
-import prepare_data
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO.parent / "shared" / "data" / "fineweb-edu-sample"
 TABLE7 = {4.64e17: [6, 8, 10, 12], 1e18: [6, 8, 10, 12, 14], 2.15e18: [8, 10, 12, 14, 16],
           4.64e18: [10, 12, 14, 16, 18, 20], 1e19: [12, 16, 18, 20, 24], 2.15e19: [18, 24, 28, 34]}
 
@@ -78,19 +76,8 @@ def test_unknown_grid_is_refused():
     assert proc.returncode == 2 and "unknown grid" in proc.stderr
 
 
-@pytest.fixture(scope="module")
-def smoke_data(tmp_path_factory):
-    if not SAMPLE.exists():
-        pytest.skip(f"{SAMPLE} is absent: the smoke sweep uses the shared FineWeb-Edu sample")
-    out = tmp_path_factory.mktemp("smoke") / "data"
-    prepare_data.main(["--source", str(SAMPLE / "shard_00000.parquet"), str(SAMPLE / "shard_00001.parquet"),
-                       "--val-shards", "1", "--vocab-size", "512", "--seq-len", "64", "--out", str(out),
-                       "--workers", "1"])
-    return out
-
-
-def test_smoke_sweep_end_to_end_then_idempotent_and_resumable(smoke_data, tmp_path):
-    env = {"OUT": str(tmp_path / "sweep"), "DATA": str(smoke_data), "CPU_JOBS": "2"}
+def test_smoke_sweep_end_to_end_then_idempotent_and_resumable(sample_data, tmp_path):
+    env = {"OUT": str(tmp_path / "sweep"), "DATA": str(sample_data), "CPU_JOBS": "2"}
     first = sweep("--grid", "smoke", env=env)
     results = tmp_path / "sweep" / "results.jsonl"
     rows = [json.loads(line) for line in results.read_text().splitlines()]

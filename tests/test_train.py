@@ -17,25 +17,13 @@ import prepare_data
 import train
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO.parent / "shared" / "data" / "fineweb-edu-sample"
 # A 6-layer-deep, 64-wide looped model: small enough for seconds per run on 2 cores.
 TINY = ["--scale", "1", "--head-dim", "16", "--depth", "6", "--prelude", "1", "--coda", "1",
         "--batch-tokens", "512", "--ref-batch", "512", "--eval-rows", "64", "--log-every", "1"]
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    if not SAMPLE.exists():
-        pytest.skip(f"{SAMPLE} is absent: the train tests use the shared FineWeb-Edu sample")
-    out = tmp_path_factory.mktemp("data") / "fw"
-    prepare_data.main(["--source", str(SAMPLE / "shard_00000.parquet"), str(SAMPLE / "shard_00001.parquet"),
-                       "--val-shards", "1", "--vocab-size", "512", "--seq-len", "64", "--out", str(out),
-                       "--workers", "1"])
-    return out
-
-
-def run_inprocess(data_dir, out, *extra):
-    return train.main(["--data", str(data_dir), "--out", str(out), *TINY, *extra])
+def run_inprocess(sample_data, out, *extra):
+    return train.main(["--data", str(sample_data), "--out", str(out), *TINY, *extra])
 
 
 def losses(out):
@@ -47,20 +35,20 @@ def run_cli(*args, **kw):
     return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, env=env, **kw)
 
 
-def unigram_cross_entropy(data_dir):
+def unigram_cross_entropy(sample_data):
     """Nats/token of the validation targets under the training split's unigram distribution:
     the loss of a model that learned token frequencies and nothing else."""
-    meta = prepare_data.read_meta(data_dir)
-    train_rows = np.fromfile(data_dir / "train.bin", dtype=np.uint16).reshape(-1, meta["row_len"])
-    val_rows = np.fromfile(data_dir / "val.bin", dtype=np.uint16).reshape(-1, meta["row_len"])
+    meta = prepare_data.read_meta(sample_data)
+    train_rows = np.fromfile(sample_data / "train.bin", dtype=np.uint16).reshape(-1, meta["row_len"])
+    val_rows = np.fromfile(sample_data / "val.bin", dtype=np.uint16).reshape(-1, meta["row_len"])
     counts = np.bincount(train_rows[:, 1:].ravel(), minlength=meta["vocab_size"]) + 1.0
     logp = np.log(counts / counts.sum())
     return float(-logp[val_rows[:, 1:].ravel()].mean())
 
 
-def test_learns_beyond_unigram_and_writes_a_complete_row(data_dir, tmp_path):
+def test_learns_beyond_unigram_and_writes_a_complete_row(sample_data, tmp_path):
     results = tmp_path / "results.jsonl"
-    assert run_inprocess(data_dir, tmp_path / "run", "--r", "2", "--flops", "4e10", "--ref-tokens", "2e4",
+    assert run_inprocess(sample_data, tmp_path / "run", "--r", "2", "--flops", "4e10", "--ref-tokens", "2e4",
                          "--results", str(results)) == 0
     (row,) = map(json.loads, results.read_text().splitlines())
     for key in ("r", "r_bwd", "injection", "scale", "d_model", "depth", "n_params", "n_once", "n_rec",
@@ -71,7 +59,7 @@ def test_learns_beyond_unigram_and_writes_a_complete_row(data_dir, tmp_path):
     plan = flops.tokens_for_budget(cfg, 4e10, 512)
     assert (row["steps"], row["tokens"], row["flops_actual"]) == (plan["steps"], plan["tokens"], plan["flops_actual"])
     assert row["n_params"] == flops.param_counts(cfg)["n_params"] and row["flops_budget"] == 4e10
-    assert row["val_loss"] < unigram_cross_entropy(data_dir) - 0.3
+    assert row["val_loss"] < unigram_cross_entropy(sample_data) - 0.3
     assert json.loads((tmp_path / "run" / "final.json").read_text()) == row
 
 
@@ -82,23 +70,23 @@ def test_learns_beyond_unigram_and_writes_a_complete_row(data_dir, tmp_path):
     ["--r", "4", "--injection", "hyper", "--hc-lanes", "2"],
     ["--r", "1"],
 ])
-def test_every_mode_trains(data_dir, tmp_path, extra):
-    assert run_inprocess(data_dir, tmp_path / "run", *extra, "--tokens", "2048", "--eval-r", "1,8") == 0
+def test_every_mode_trains(sample_data, tmp_path, extra):
+    assert run_inprocess(sample_data, tmp_path / "run", *extra, "--tokens", "2048", "--eval-r", "1,8") == 0
     row = json.loads((tmp_path / "run" / "final.json").read_text())
     assert math.isfinite(row["val_loss"]) and math.isfinite(row["val_loss_r8"])
 
 
-def test_gradient_accumulation_matches_one_big_batch(data_dir, tmp_path):
-    run_inprocess(data_dir, tmp_path / "a", "--r", "2", "--tokens", "2048", "--device-batch", "8")
-    run_inprocess(data_dir, tmp_path / "b", "--r", "2", "--tokens", "2048", "--device-batch", "2")
+def test_gradient_accumulation_matches_one_big_batch(sample_data, tmp_path):
+    run_inprocess(sample_data, tmp_path / "a", "--r", "2", "--tokens", "2048", "--device-batch", "8")
+    run_inprocess(sample_data, tmp_path / "b", "--r", "2", "--tokens", "2048", "--device-batch", "2")
     a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
     assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-4 for k in a)
 
 
-def test_torchrun_two_ranks_match_one_process(data_dir, tmp_path):
+def test_torchrun_two_ranks_match_one_process(sample_data, tmp_path):
     # "--" before the script: torchrun's own argparse (Python <= 3.11) would otherwise read our
     # --r as an ambiguous abbreviation of its --rdzv-*/--role flags and refuse to start.
-    common = ["train.py", "--data", str(data_dir), *TINY, "--r", "4", "--r-bwd", "2", "--tokens", "3072"]
+    common = ["train.py", "--data", str(sample_data), *TINY, "--r", "4", "--r-bwd", "2", "--tokens", "3072"]
     single = run_cli(*common, "--out", str(tmp_path / "one"))
     assert single.returncode == 0, single.stderr
     ddp = run_cli("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
@@ -112,8 +100,8 @@ def test_torchrun_two_ranks_match_one_process(data_dir, tmp_path):
     assert abs(v1 - v2) < 1e-4
 
 
-def test_killed_run_resumes_exactly(data_dir, tmp_path):
-    args = ["train.py", "--data", str(data_dir), *TINY, "--r", "4", "--tokens", "15360", "--save-every", "0"]
+def test_killed_run_resumes_exactly(sample_data, tmp_path):
+    args = ["train.py", "--data", str(sample_data), *TINY, "--r", "4", "--tokens", "15360", "--save-every", "0"]
     reference = run_cli(*args, "--out", str(tmp_path / "ref"))
     assert reference.returncode == 0, reference.stderr
     out = tmp_path / "killed"
@@ -151,8 +139,8 @@ def test_killed_run_resumes_exactly(data_dir, tmp_path):
     (["--seq-len", "128"], "does not match the data"),
     (["--device-batch", "3"], "does not divide"),
 ])
-def test_bad_flags_fail_fast_with_reason(data_dir, tmp_path, bad, reason):
-    proc = run_cli("train.py", "--data", str(data_dir), *TINY, "--out", str(tmp_path / "x"), *bad)
+def test_bad_flags_fail_fast_with_reason(sample_data, tmp_path, bad, reason):
+    proc = run_cli("train.py", "--data", str(sample_data), *TINY, "--out", str(tmp_path / "x"), *bad)
     assert proc.returncode == 2 and reason in proc.stderr
     assert not (tmp_path / "x").exists()
 
@@ -162,9 +150,9 @@ def test_missing_data_says_how_to_make_it(tmp_path):
     assert proc.returncode == 2 and "prepare_data.py" in proc.stderr
 
 
-def test_divergence_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
+def test_divergence_stops_and_keeps_last_good_checkpoint(sample_data, tmp_path):
     out = tmp_path / "run"
-    code = run_inprocess(data_dir, out, "--r", "2", "--tokens", "10240", "--save-every", "2",
+    code = run_inprocess(sample_data, out, "--r", "2", "--tokens", "10240", "--save-every", "2",
                          "--lr-norm", "1e30", "--lr-embedding", "1e30")
     assert code == 1
     assert (out / "ckpt.pt").exists() and not (out / "final.json").exists()
