@@ -167,10 +167,12 @@ def _config_from_row(row, scale=None):
     if "r" not in row or "scale" not in row:
         return None
     kw = {k: row[k] for k in CONFIG_FIELDS if k in row and row[k] is not None and row[k] != ""}
-    for k in ("r", "scale", "r_bwd", "hc_lanes", "depth", "prelude", "coda", "recur", "head_dim",
+    for k in ("r", "r_bwd", "hc_lanes", "depth", "prelude", "coda", "recur", "head_dim",
               "vocab_size", "seq_len"):
         if k in kw:
             kw[k] = int(kw[k])
+    if "scale" in kw:
+        kw["scale"] = float(kw["scale"])  # fractional widths (d = 8, 16, ...) on the CPU grid
     if int(kw["r"]) == 1 and kw.get("injection", "none") == "none":
         # train.py's r = 1 rows store the resolved plain stack (prelude 0, injection "none"); let
         # ModelConfig resolve it again from depth alone. A looped layout run once (truncate-or-not's
@@ -619,7 +621,10 @@ def width_family(row, max_scale=None):
         return None
     max_scale = max_scale or 8 * cfg.scale
     out = {k: [] for k in ("scale", "N", "n_once", "n_rec", "F")}
-    for s in range(1, int(max_scale) + 1):
+    # Every width the head dim allows, d = head_dim * k (s = 2, 4, ... for head dim 128; steps of
+    # s = 0.125 for the CPU grid's head dim 8).
+    for d in range(cfg.head_dim, int(64 * max_scale) + 1, cfg.head_dim):
+        s = d / 64
         c = _config_from_row(row, scale=s)
         if c is None:  # e.g. odd scale with head dim 128
             continue
@@ -653,7 +658,7 @@ def runs_family(rows):
 
 def _family_for_group(rows):
     """Width family of a group of runs: flops.py for the most common layout, else the runs."""
-    scales = [int(row["scale"]) for row in rows if row.get("scale") not in (None, "")]
+    scales = [float(row["scale"]) for row in rows if row.get("scale") not in (None, "")]
     layouts = {}
     for row in rows:
         key = tuple(str(row.get(k)) for k in CONFIG_FIELDS if k != "scale")
@@ -1147,11 +1152,19 @@ def report(res, title, p=print):
             jt = pts.get(("joint",) + key[1:])
             gap = "" if pt["gap_to_r1"] is None or pt["r"] == 1 else f"{pt['gap_to_r1']:+8.4f}"
             jgap = "" if jt is None or jt["gap_to_r1"] is None or pt["r"] == 1 else f"{jt['gap_to_r1']:+11.4f}"
-            s = f"{pt['scale_star']:.1f}" if pt["scale_star"] is not None else "-"
+            s = f"{pt['scale_star']:.3g}" if pt["scale_star"] is not None else "-"
             edge = "  (at edge of width family)" if pt["at_edge"] else ""
             p(f"  {pt['budget']:>9.3g}  {arch_label(key[2:]):<22}"
-              f"{pt['N_star'] / 1e6:>9.1f}M{s:>7}{pt['D_star'] / 1e9:>9.2f}B{pt['D_star'] / pt['N_star']:>7.1f}"
+              f"{_si(pt['N_star']):>10}{s:>7}{_si(pt['D_star']):>10}{pt['D_star'] / pt['N_star']:>7.1f}"
               f"{pt['L_star']:>8.4f}{gap:>8}{jgap:>11}{edge}".rstrip())
+
+
+def _si(x):
+    """15.7k, 98.3M, 3.81B: parameter and token counts from CPU-scale to paper-scale grids."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}"
 
 
 def report_equivalence(eq, p=print):

@@ -286,6 +286,7 @@ def main(argv=None):
     # --- the training loop ---------------------------------------------------------------------
     t_start = time.time()
     timed_tokens, timed_seconds = 0, 0.0
+    train_loss = tokens_per_s = None  # stay None if a checkpoint at the last step is resumed
     log_file = open(out / "log.jsonl", "a") if master else None
     val_loss = None
     while step < steps:
@@ -355,7 +356,7 @@ def main(argv=None):
         row.update(tokens=n_tokens, steps=steps, flops_actual=flops_per_token * n_tokens,
                    val_loss=val_loss, train_loss=train_loss, **extra_eval, eval_rows=eval_rows,
                    seed=args.seed, tokens_per_s=tokens_per_s,
-                   mfu=flops.mfu(cfg, tokens_per_s, world, device_name), wall_s=wall_s,
+                   mfu=flops.mfu(cfg, tokens_per_s, world, device_name) if tokens_per_s else None, wall_s=wall_s,
                    lrs=lrs, base_lrs={name: getattr(args, f"lr_{name}") for name in BASE_LRS},
                    lr_rule={"batch_exp": args.batch_exp, "data_exp": args.data_exp, "width_exp": args.width_exp,
                             "ref_width": args.ref_width, "ref_batch": args.ref_batch, "ref_tokens": tokens_ref},
