@@ -35,7 +35,7 @@ CASE_STUDY_CELLS=("${PAPER_CELLS[@]:0:4}")   # trunc, hyper, depth18/24: the fou
 CPU_MICRO_CELLS=(
   "5e11:0.125 0.25 0.375 0.5"
   "1.5e12:0.125 0.25 0.375 0.5 0.75"
-  "3e12:0.25 0.375 0.5 0.75 1"
+  "3e12:0.25 0.375 0.5 0.75"
 )
 SMOKE_CELLS=("3e9:0.25 0.5" "1e10:0.25 0.5")
 PAPER_R="1 2 4 8"
