@@ -71,14 +71,16 @@ def step_time(model, opt, idx):
 
 def peak_rss_child(args, r_bwd):
     """Peak RSS growth (MiB) of a fresh process over one training step of r = 8 at this r_bwd:
-    peak RSS after the step minus the resident size just before it (weights already allocated)."""
-    code = (f"import sys; sys.path.insert(0, {os.getcwd()!r}); import torch, resource; from flops import ModelConfig;"
+    the process's high-water mark (VmHWM; not ru_maxrss, which Linux carries over from the parent
+    across exec) minus the resident size just before the step (weights already allocated)."""
+    code = (f"import sys; sys.path.insert(0, {os.getcwd()!r}); import torch; from flops import ModelConfig;"
             f"from model import GPT; torch.manual_seed(0);"
             f"m = GPT(ModelConfig(r=8, r_bwd={r_bwd}, scale={args.mem_scale}, head_dim={args.head_dim}, "
             f"vocab_size={args.vocab}, seq_len={args.seq_len}));"
             f"import os; base = int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE') / 1024;"
             f"idx = torch.randint(0, {args.vocab}, ({args.mem_batch}, {args.seq_len})); m(idx, idx).backward();"
-            f"print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)")
+            f"hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1];"
+            f"print((int(hwm) - base) / 1024)")
     return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
