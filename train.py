@@ -242,8 +242,9 @@ def main(argv=None):
     ckpt_path = out / "ckpt.pt"
     if args.resume and ckpt_path.exists():
         ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
-        if ckpt["config"] != flops.summary(cfg):
-            fail(f"{ckpt_path} was written for another configuration; use another --out")
+        if ckpt["config"] != flops.summary(cfg) or ckpt["steps"] != steps:
+            fail(f"{ckpt_path} was written for another configuration or horizon "
+                 f"({ckpt['steps']} steps); use another --out")
         model.load_state_dict(ckpt["model"])
         for opt, state in zip(optimizers, ckpt["optimizers"]):
             opt.load_state_dict(state)
@@ -259,13 +260,12 @@ def main(argv=None):
         print("train.py: --compile is only used on GPU; running eagerly")
     ddp_model = DDP(compiled, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else compiled
 
-
     def checkpoint():
         if master:
             out.mkdir(parents=True, exist_ok=True)
             save_checkpoint(ckpt_path, {
                 "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
-                "step": step, "train_row": train_loader.row, "wall_s": wall_before + time.time() - t_start,
+                "step": step, "steps": steps, "train_row": train_loader.row, "wall_s": wall_before + time.time() - t_start,
                 "rng_cpu": torch.get_rng_state(),
                 "rng_cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None,
                 "config": flops.summary(cfg), "args": vars(args)})

@@ -118,6 +118,10 @@ def test_killed_run_resumes_exactly(sample_data, tmp_path):
     # Without --resume the checkpoint is not silently overwritten.
     refused = run_cli(*args, "--out", str(out))
     assert refused.returncode == 2 and "--resume" in refused.stderr
+    # Nor is it continued with another horizon (the LR schedule would silently change).
+    other = [a if a != "15360" else "20480" for a in args]
+    mismatch = run_cli(*other, "--out", str(out), "--resume")
+    assert mismatch.returncode == 2 and "another configuration or horizon" in mismatch.stderr
     resumed = run_cli(*args, "--out", str(out), "--resume")
     assert resumed.returncode == 0 and f"resumed {out / 'ckpt.pt'} at step {stopped_at}/30" in resumed.stdout
     ref, got = losses(tmp_path / "ref"), losses(out)
