@@ -1104,6 +1104,10 @@ def report(res, title, p=print):
         else:
             p(f"  phi   = {joint['phi']:.4f}{_ci(boot, 'phi', '{:.4f}')}   "
               f"(r^phi: " + ", ".join(f"{r}^phi = {r ** joint['phi']:.3f}" for r in (2, 4, 8)) + ")")
+            if min(abs(joint["phi"] - BOX_LO[5]), abs(joint["phi"] - BOX_HI[5])) < 1e-6:
+                # An optimum on the box edge is the box's answer, not the data's.
+                p(f"  !! phi sits on the edge of its box [{BOX_LO[5]:g}, {BOX_HI[5]:g}]: these runs do not "
+                  "identify phi (e.g. minima not bracketed, or looping adds nothing measurable)")
             p(f"  E     = {joint['E']:.4f}{_ci(boot, 'E', '{:.4f}')}")
             p(f"  A     = {joint['A']:.4g}{_ci(boot, 'A', '{:.4g}')}   alpha = {joint['alpha']:.4f}"
               f"{_ci(boot, 'alpha', '{:.4f}')}")

@@ -444,3 +444,12 @@ def test_cli_end_to_end(tmp_path):
     for name in ("isoflop.png", "frontier.png", "pred_vs_actual.png"):
         png = plots / name
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_phi_on_the_box_edge_is_reported_as_unidentified():
+    """The committed CPU-scale sweep (dev/results) does not bracket its minima; the joint optimum
+    lands on phi's box edge and the report must say so instead of presenting -3 as a measurement."""
+    results = ROOT / "dev" / "results" / "cpu_micro_results.jsonl"
+    proc = subprocess.run([sys.executable, "fit_laws.py", str(results), "--restarts", "40", "--bootstrap", "0",
+                           "--workers", "1"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "phi   = -3.0000" in proc.stdout and "do not identify phi" in proc.stdout
