@@ -50,7 +50,6 @@ SMOKE_FLAGS="--head-dim 8 --depth 6 --prelude 1 --coda 1 --batch-tokens 512 --re
 # ---------------------------------------------------------------------------------------------
 GRID="${GRID:-paper}"
 MODE=run
-FIT_ARGS=()
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
