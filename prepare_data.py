@@ -848,15 +848,25 @@ def load_tokenizer(data_dir):
     return Tokenizer(meta["tokenizer_kind"], path)
 
 
+ROW_ORDER_SEED = 1234  # the data order of every run; change it to resample the order
+
+
 class RowLoader:
-    """Batches of packed rows from train.bin / val.bin, memory-mapped.
+    """Batches of packed rows from train.bin / val.bin, memory-mapped, in a shuffled order.
 
     Each next_batch() consumes world_size * batch_rows global rows starting at self.row; rank k
-    takes rows row + k + world_size * i (i < batch_rows), modulo the row count. The ranks are
-    disjoint and together read exactly what one process with batch_rows * world_size reads.
-    self.row only grows (save it to resume); self.epoch = self.row // self.n_rows counts passes.
-    Validation: RowLoader(data_dir, "val", batch_rows, rank, world_size, start_row=0) each time
-    gives the same fixed prefix of rows."""
+    takes rows row + k + world_size * i (i < batch_rows). The ranks are disjoint and together read
+    exactly what one process with batch_rows * world_size reads. self.row only grows (save it to
+    resume); self.epoch = self.row // self.n_rows counts passes.
+
+    Global row g is file row order(epoch)[g % n_rows], where order(epoch) is a fixed permutation
+    (seeded by ROW_ORDER_SEED and the epoch, so every run and every rank sees the same order).
+    Why: the packer writes a document's rows next to each other and the sources one after another,
+    so reading the file in order gives batches of one or two documents (a 2k-token web page is 16
+    rows of 128) and, for a local corpus, whole phases of one source (all the web text, then all
+    the books). The FineWeb-Edu shards are pre-shuffled by document, but rows still cluster.
+    Validation: RowLoader(data_dir, "val", ...) from start_row=0 always gives the same rows, a
+    uniform sample of the split rather than its first documents."""
 
     def __init__(self, data_dir, split, batch_rows, rank=0, world_size=1, start_row=0):
         # torch imported here, not at the top: prepare_data's tokenizer worker processes import
@@ -880,10 +890,23 @@ class RowLoader:
         self.batch_rows, self.rank, self.world_size = batch_rows, rank, world_size
         self.row = start_row
         self.epoch = self.row // self.n_rows
+        self._order, self._order_epoch = None, None
+
+    def order(self, epoch):
+        """The permutation of file rows read in pass `epoch` (cached: one pass at a time)."""
+        if self._order_epoch != epoch:
+            rng = np.random.default_rng([ROW_ORDER_SEED, epoch])
+            self._order, self._order_epoch = rng.permutation(self.n_rows), epoch
+        return self._order
 
     def next_batch(self):
         """(x, y): int64 tensors (batch_rows, seq_len); y is x shifted left by one token."""
-        idx = (self.row + self.rank + self.world_size * np.arange(self.batch_rows)) % self.n_rows
+        global_rows = self.row + self.rank + self.world_size * np.arange(self.batch_rows)
+        epochs, positions = np.divmod(global_rows, self.n_rows)
+        idx = np.empty_like(positions)
+        for epoch in np.unique(epochs):  # a batch may straddle the end of a pass
+            here = epochs == epoch
+            idx[here] = self.order(int(epoch))[positions[here]]
         rows = self.torch.from_numpy(np.asarray(self.data[idx]).astype(np.int64))
         self.row += self.world_size * self.batch_rows
         self.epoch = self.row // self.n_rows

@@ -480,8 +480,29 @@ def test_row_loader_batches_are_shifted_rows(built):
     loader = pdata.RowLoader(built, "train", 4)
     x, y = loader.next_batch()
     assert x.shape == y.shape == (4, meta["seq_len"]) and str(x.dtype) == "torch.int64"
-    assert (x.numpy() == rows[:4, :-1]).all() and (y.numpy() == rows[:4, 1:]).all()
+    want = rows[loader.order(0)[:4]]
+    assert (x.numpy() == want[:, :-1]).all() and (y.numpy() == want[:, 1:]).all()
     assert loader.row == 4
+
+
+@needs_sample
+def test_row_loader_reads_each_row_once_per_pass_in_a_shuffled_order(built):
+    # A batch of consecutive file rows would be one or two documents, and a file-ordered local
+    # corpus would be trained on in phases (all web text, then all books): read a permutation.
+    meta = pdata.read_meta(built)
+    rows = np.fromfile(built / "train.bin", dtype=np.uint16).reshape(-1, meta["row_len"])
+    n = meta["train_rows"]
+    loader = pdata.RowLoader(built, "train", 7)
+    seen = np.concatenate([loader.next_batch()[0].numpy() for _ in range(2 * n // 7 + 1)])
+    first, second = seen[:n], seen[n:2 * n]
+    as_set = lambda a: sorted(map(tuple, a.tolist()))
+    assert as_set(first) == as_set(rows[:, :-1]) == as_set(second)  # every row once per pass
+    assert not (first == rows[:, :-1]).all()                          # ...not in file order
+    assert not (first == second).all()                                # ...a new order each pass
+    # Every loader (any run, any rank) sees the same order; the order spreads a document's rows.
+    assert (pdata.RowLoader(built, "train", 1).order(0) == loader.order(0)).all()
+    order = loader.order(0)
+    assert np.abs(np.diff(order)).mean() > n / 10
 
 
 @needs_sample
