@@ -29,13 +29,12 @@ PAPER_CELLS=(            # Table 7: 29 (budget, width) cells, the same widths fo
 )
 CASE_STUDY_CELLS=("${PAPER_CELLS[@]:0:4}")   # trunc, hyper, depth18/24: the four lowest budgets
 # CPU scale: vocab 2048, rows of 128 tokens, 2,048-token steps, head dim 8 so d = 8..64 works
-# (s = 0.125 is d = 8). At these budgets the r = 1 optimum sits near d = 16 and r = 8's near
-# d = 32-48, so every budget spans widths on both sides (fix the grid, not the numbers).
-# About an hour on 2 cores with CPU_JOBS=2 (tiny models are dispatch-bound: ~0.1-0.2 s a step).
+# (s = 0.125 is d = 8). Widths straddle each budget's optimum for every r (fix the grid, not the
+# numbers); about 1.3 h on 2 cores with CPU_JOBS=2 (tiny models are dispatch-bound, ~0.15 s a step).
 CPU_MICRO_CELLS=(
-  "5e11:0.125 0.25 0.375 0.5"
-  "1.5e12:0.125 0.25 0.375 0.5 0.75"
-  "3e12:0.25 0.375 0.5 0.75"
+  "1e12:0.125 0.25 0.375 0.5"
+  "2e12:0.125 0.25 0.375 0.5"
+  "5e12:0.25 0.375 0.5 0.75"
 )
 SMOKE_CELLS=("3e9:0.25 0.5" "1e10:0.25 0.5")
 PAPER_R="1 2 4 8"

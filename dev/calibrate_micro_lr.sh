@@ -3,13 +3,13 @@
 # tokens, D ~ 5e5 tokens; C = 1.5e12 FLOPs) sweep the MuonH base LR for r = 1 and r = 4, keeping
 # the paper's exponents and AdamW bases. The best base LR is what sweep.sh's cpu-micro grid uses.
 #
-#   bash dev/calibrate_micro_lr.sh            # ~10 min on 2 cores; rows in dev/results/lr_calibration.jsonl
+#   bash dev/calibrate_micro_lr.sh            # 12 runs, ~10 min on 2 cores; rows in dev/results/lr_calibration.jsonl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="${DATA:-data/micro-2k}"
 OUT="${OUT:-runs/lr-calibration}"
 RESULTS="${RESULTS:-dev/results/lr_calibration.jsonl}"
-LRS="${LRS:-0.007 0.014 0.028 0.056}"
+LRS="${LRS:-0.007 0.014 0.028 0.056 0.112 0.224}"
 [ -f "$DATA/meta.json" ] || { echo "$DATA/meta.json missing: python prepare_data.py --source ../shared/data/micro-corpus --vocab-size 2048 --seq-len 128 --val-fraction 0.02 --out $DATA" >&2; exit 2; }
 mkdir -p "$OUT" "$(dirname "$RESULTS")"
 for r in 1 4; do for lr in $LRS; do echo "$r $lr"; done; done |

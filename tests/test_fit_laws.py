@@ -447,9 +447,10 @@ def test_cli_end_to_end(tmp_path):
 
 
 def test_phi_on_the_box_edge_is_reported_as_unidentified():
-    """The committed CPU-scale sweep (dev/results) does not bracket its minima; the joint optimum
-    lands on phi's box edge and the report must say so instead of presenting -3 as a measurement."""
-    results = ROOT / "dev" / "results" / "cpu_micro_results.jsonl"
+    """The first CPU-scale sweep (dev/results/cpu-micro-v1-fileorder: file-ordered data, minima not
+    bracketed) puts the joint optimum on phi's box edge; the report must say so instead of
+    presenting -3 as a measurement."""
+    results = ROOT / "dev" / "results" / "cpu-micro-v1-fileorder" / "results.jsonl"
     proc = subprocess.run([sys.executable, "fit_laws.py", str(results), "--restarts", "40", "--bootstrap", "0",
                            "--workers", "1"], cwd=ROOT, capture_output=True, text=True, check=True)
     assert "phi   = -3.0000" in proc.stdout and "do not identify phi" in proc.stdout
