@@ -8,6 +8,7 @@ known joint law plus 0.01-nat Gaussian noise. Restart and resample counts are be
 """
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -454,3 +455,15 @@ def test_phi_on_the_box_edge_is_reported_as_unidentified():
     proc = subprocess.run([sys.executable, "fit_laws.py", str(results), "--restarts", "40", "--bootstrap", "0",
                            "--workers", "1"], cwd=ROOT, capture_output=True, text=True, check=True)
     assert "phi   = -3.0000" in proc.stdout and "do not identify phi" in proc.stdout
+
+
+def test_bracketed_cpu_sweep_identifies_phi_and_the_committed_fit_reproduces():
+    """The bracketed CPU-scale sweep (dev/results/cpu_micro_results.jsonl) puts phi inside its box,
+    and refitting those rows gives the phi of the committed fit (cpu_micro_fit.json)."""
+    results = ROOT / "dev" / "results" / "cpu_micro_results.jsonl"
+    committed = json.loads((ROOT / "dev" / "results" / "cpu_micro_fit.json").read_text())["joint"]["phi"]
+    proc = subprocess.run([sys.executable, "fit_laws.py", str(results), "--restarts", "40", "--bootstrap", "0",
+                           "--workers", "1"], cwd=ROOT, capture_output=True, text=True, check=True)
+    phi = float(re.search(r"phi   = (-?[\d.]+)", proc.stdout).group(1))
+    assert "do not identify phi" not in proc.stdout and -3 < phi < 3
+    assert phi == pytest.approx(committed, abs=0.01)

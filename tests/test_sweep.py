@@ -71,6 +71,24 @@ def test_print_gives_one_torchrun_command_per_run():
     assert "--r 4 --scale 10 --flops 1e18" in "\n".join(out)
 
 
+def test_committed_cpu_micro_results_are_this_grid_and_bracket_every_minimum():
+    """dev/results holds the cpu-micro sweep as sweep.sh defines it (one row per planned run, same
+    flags), and at every budget each r's best width has a narrower and a wider one beside it: the
+    issue's condition for fitting phi at all (fix the grid, not the numbers)."""
+    printed = sweep("--grid", "cpu-micro", "--print").stdout.splitlines()
+    planned = {re.search(r"--out \S+/runs/(\S+)", line).group(1) for line in printed}
+    rows = [json.loads(line) for line in open(REPO / "dev" / "results" / "cpu_micro_results.jsonl")]
+    assert sorted(Path(row["out"]).name for row in rows) == sorted(planned)
+    budgets = {row["flops_budget"] for row in rows}
+    assert len(budgets) >= 3 and {row["r"] for row in rows} == {1, 2, 4, 8}
+    for budget in budgets:
+        for r in (1, 2, 4, 8):
+            cell = sorted((row["d_model"], row["val_loss"]) for row in rows
+                          if row["flops_budget"] == budget and row["r"] == r)
+            best = min(range(len(cell)), key=lambda i: cell[i][1])
+            assert len(cell) >= 4 and 0 < best < len(cell) - 1, (budget, r, cell)
+
+
 def test_unknown_grid_is_refused():
     proc = sweep("--grid", "nope", "--plan", check=False)
     assert proc.returncode == 2 and "unknown grid" in proc.stderr
