@@ -447,14 +447,19 @@ def test_cli_end_to_end(tmp_path):
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+def quick_fit_report(results):
+    """fit_laws.py's text report on a results file: 40 restarts, no bootstrap (seconds)."""
+    return subprocess.run([sys.executable, "fit_laws.py", str(results), "--restarts", "40", "--bootstrap", "0",
+                           "--workers", "1"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
 def test_phi_on_the_box_edge_is_reported_as_unidentified():
     """The first CPU-scale sweep (dev/results/cpu-micro-v1-fileorder: file-ordered data, minima not
     bracketed) puts the joint optimum on phi's box edge; the report must say so instead of
     presenting -3 as a measurement."""
     results = ROOT / "dev" / "results" / "cpu-micro-v1-fileorder" / "results.jsonl"
-    proc = subprocess.run([sys.executable, "fit_laws.py", str(results), "--restarts", "40", "--bootstrap", "0",
-                           "--workers", "1"], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert "phi   = -3.0000" in proc.stdout and "do not identify phi" in proc.stdout
+    report = quick_fit_report(results)
+    assert "phi   = -3.0000" in report and "do not identify phi" in report
 
 
 def test_bracketed_cpu_sweep_identifies_phi_and_the_committed_fit_reproduces():
@@ -462,8 +467,7 @@ def test_bracketed_cpu_sweep_identifies_phi_and_the_committed_fit_reproduces():
     and refitting those rows gives the phi of the committed fit (cpu_micro_fit.json)."""
     results = ROOT / "dev" / "results" / "cpu_micro_results.jsonl"
     committed = json.loads((ROOT / "dev" / "results" / "cpu_micro_fit.json").read_text())["joint"]["phi"]
-    proc = subprocess.run([sys.executable, "fit_laws.py", str(results), "--restarts", "40", "--bootstrap", "0",
-                           "--workers", "1"], cwd=ROOT, capture_output=True, text=True, check=True)
-    phi = float(re.search(r"phi   = (-?[\d.]+)", proc.stdout).group(1))
-    assert "do not identify phi" not in proc.stdout and -3 < phi < 3
+    report = quick_fit_report(results)
+    phi = float(re.search(r"phi   = (-?[\d.]+)", report).group(1))
+    assert "do not identify phi" not in report and -3 < phi < 3
     assert phi == pytest.approx(committed, abs=0.01)
