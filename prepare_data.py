@@ -57,17 +57,36 @@ BATCH_CHARS = 1 << 21    # characters per tokenizer task: large enough to amorti
                          # enough that a few in flight per worker bound memory
 
 
-class DataError(Exception):
+class DataError(ValueError):
     """Bad input the user must fix (corrupt file, empty source, wrong flags). main() turns it into
-    a one-line SystemExit; library callers get the exception."""
+    a one-line error; library callers (train.py) get the exception."""
 
 
 def sha256_file(path):
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def atomic_write(path, data):
+    """Write `data` (bytes, or a callable that writes to a binary file object) to `path` so that a
+    crash leaves either the old file or the complete new one: a uniquely named temp file in the
+    same folder (two writers never share it), flushed and fsynced, renamed over `path`, then the
+    folder fsynced so the rename itself survives a power loss."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data) if isinstance(data, (bytes, bytearray)) else data(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -731,7 +750,7 @@ def prepare(a):
 
     out.mkdir(parents=True, exist_ok=True)
     tmp = {"train": out / "train.bin.tmp", "val": out / "val.bin.tmp",
-           "tok": out / (tok_name + ".tmp"), "meta": out / "meta.json.tmp"}
+           "tok": out / (tok_name + ".tmp")}
     try:
         t0 = time.time()
         if a.tokenizer == "bpe":
@@ -785,6 +804,7 @@ def prepare(a):
             "tokenize_pack_seconds": round(stats["seconds"], 3),
             "tokens_per_s": round(stats["tokens_per_s"]), "workers": a.workers,
             "command": a.command,
+            "train_sha256": sha256_file(tmp["train"]), "val_sha256": sha256_file(tmp["val"]),
         }
         # An old meta.json must go before any file is replaced, so a crash in between never
         # leaves new data next to a stale "complete" marker.
@@ -792,8 +812,7 @@ def prepare(a):
         os.replace(tmp["tok"], out / tok_name)
         os.replace(tmp["train"], out / "train.bin")
         os.replace(tmp["val"], out / "val.bin")
-        tmp["meta"].write_text(json.dumps(meta, indent=2) + "\n")
-        os.replace(tmp["meta"], meta_path)
+        atomic_write(meta_path, (json.dumps(meta, indent=2) + "\n").encode())
     finally:
         for path in tmp.values():
             path.unlink(missing_ok=True)
@@ -823,24 +842,57 @@ def main(argv=None):
 # Data loader API for train.py (numpy + torch, no model code)
 # ---------------------------------------------------------------------------------------------
 
-def read_meta(data_dir):
-    """The dataset's meta.json as a dict; FileNotFoundError (saying how to build it) if absent."""
+REQUIRED_KEYS = ("format", "tokenizer_kind", "tokenizer_file", "tokenizer_sha256", "vocab_size",
+                 "bos_id", "seq_len", "row_len", "train_rows", "val_rows", "train_tokens",
+                 "train_sha256", "val_sha256")
+
+
+def read_meta(data_dir, verify=True):
+    """The dataset's meta.json as a dict, after checking that the dataset is whole: every required
+    key present, train.bin/val.bin of the size meta.json gives, and (verify=True) their sha256
+    equal to the recorded one. Any problem is a DataError (a ValueError) with one line saying how
+    to fix it. verify reads both files in full (seconds per GB); train.py does it once per start,
+    RowLoader skips it."""
     path = Path(data_dir) / "meta.json"
+    rebuild = f"rebuild it with prepare_data.py (e.g. --shards 8 --out {data_dir}, or --source PATH)"
     if not path.exists():
-        raise FileNotFoundError(
-            f"{path} not found: build the dataset first, e.g. `python prepare_data.py "
-            f"--shards 8 --out {data_dir}` (or with --source PATH for local text)")
-    meta = json.loads(path.read_text())
+        raise DataError(f"{path} not found: {rebuild}")
+    try:
+        meta = json.loads(path.read_text())
+    except ValueError as e:
+        raise DataError(f"{path}: not valid JSON ({e}); {rebuild}") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{path}: not a JSON object; {rebuild}")
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}; "
-                         f"rebuild with prepare_data.py")
+        raise DataError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}; {rebuild}")
+    missing = [k for k in REQUIRED_KEYS if k not in meta]
+    if missing:
+        raise DataError(f"{path}: missing key {missing[0]!r} (an older or damaged dataset); "
+                        f"{rebuild}")
+    for split in ("train", "val"):
+        bin_path = Path(data_dir) / f"{split}.bin"
+        expected = meta[f"{split}_rows"] * meta["row_len"] * 2
+        size = bin_path.stat().st_size if bin_path.exists() else None
+        if size != expected:
+            raise DataError(f"{bin_path}: {size if size is not None else 'no file'} bytes, meta.json "
+                            f"says {expected} ({meta[f'{split}_rows']} rows of {meta['row_len']} "
+                            f"uint16); {rebuild}")
+        if verify and sha256_file(bin_path) != meta[f"{split}_sha256"]:
+            raise DataError(f"{bin_path}: sha256 differs from meta.json's {split}_sha256 (the "
+                            f"file was changed after it was built); {rebuild}")
     return meta
+
+
+def data_identity(meta):
+    """What names a dataset in a run's identity (train.py): the same values mean the same tokens."""
+    keys = ("tokenizer_sha256", "vocab_size", "seq_len", "train_sha256", "val_sha256")
+    return {k: meta[k] for k in keys} | {"packing": meta.get("packing", {}).get("method")}
 
 
 def load_tokenizer(data_dir):
     """The dataset's tokenizer: .encode(text) -> ids (no BOS), .decode(ids), .bos_id, .vocab_size.
     Its sha256 is checked against meta.json, so a swapped tokenizer file cannot go unnoticed."""
-    meta = read_meta(data_dir)
+    meta = read_meta(data_dir, verify=False)
     path = Path(data_dir) / meta["tokenizer_file"]
     if sha256_file(path) != meta["tokenizer_sha256"]:
         raise ValueError(f"{path}: sha256 differs from meta.json's tokenizer_sha256; the "
@@ -878,14 +930,10 @@ class RowLoader:
         if batch_rows < 1 or world_size < 1 or not 0 <= rank < world_size or start_row < 0:
             raise ValueError(f"bad RowLoader arguments: batch_rows={batch_rows}, rank={rank}, "
                              f"world_size={world_size}, start_row={start_row}")
-        meta = read_meta(data_dir)
+        meta = read_meta(data_dir, verify=False)  # sizes checked; train.py verified checksums
         self.row_len, self.seq_len = meta["row_len"], meta["seq_len"]
         self.n_rows = meta[f"{split}_rows"]
         path = Path(data_dir) / f"{split}.bin"
-        expected = self.n_rows * self.row_len * 2
-        if not path.exists() or path.stat().st_size != expected:
-            raise ValueError(f"{path}: expected {expected} bytes ({self.n_rows} rows of "
-                             f"{self.row_len} uint16) per meta.json; rebuild with prepare_data.py")
         self.data = np.memmap(path, dtype=np.uint16, mode="r", shape=(self.n_rows, self.row_len))
         self.batch_rows, self.rank, self.world_size = batch_rows, rank, world_size
         self.row = start_row

@@ -465,8 +465,69 @@ def test_failed_build_leaves_nothing_that_looks_complete(tmp_path):
 
 
 def test_read_meta_says_how_to_build(tmp_path):
-    with pytest.raises(FileNotFoundError, match="prepare_data.py"):
+    with pytest.raises(ValueError, match="not found: rebuild it with prepare_data.py"):
         pdata.read_meta(tmp_path)
+
+
+def damaged_copy(built, tmp_path, damage):
+    out = tmp_path / "damaged"
+    shutil.copytree(built, out)
+    damage(out)
+    with pytest.raises(ValueError) as e:
+        pdata.read_meta(out)
+    assert "\n" not in str(e.value) and "rebuild it with prepare_data.py" in str(e.value)
+    return str(e.value)
+
+
+@needs_sample
+def test_read_meta_refuses_a_truncated_bin(built, tmp_path):
+    def truncate(out):
+        with open(out / "train.bin", "r+b") as f:
+            f.truncate(f.seek(0, 2) - 130)
+    assert "train.bin" in damaged_copy(built, tmp_path, truncate)
+
+
+@needs_sample
+def test_read_meta_names_a_missing_key(built, tmp_path):
+    def drop_key(out):
+        meta = json.loads((out / "meta.json").read_text())
+        del meta["row_len"]
+        (out / "meta.json").write_text(json.dumps(meta))
+    assert "missing key 'row_len'" in damaged_copy(built, tmp_path, drop_key)
+
+
+@needs_sample
+def test_read_meta_detects_rewritten_tokens_by_checksum(built, tmp_path):
+    def rewrite(out):  # 10% of the tokens replaced, the file size unchanged
+        tokens = np.fromfile(out / "train.bin", dtype=np.uint16)
+        at = np.random.default_rng(0).choice(len(tokens), len(tokens) // 10, replace=False)
+        tokens[at] = (tokens[at] + 1) % 512
+        tokens.tofile(out / "train.bin")
+    assert "train.bin: sha256 differs" in damaged_copy(built, tmp_path, rewrite)
+    # The loader itself only checks sizes (train.py verifies once at start): it still opens.
+    assert pdata.RowLoader(tmp_path / "damaged", "train", 2).n_rows > 0
+
+
+@needs_sample
+def test_data_identity_names_tokenizer_shape_and_content(built):
+    meta = pdata.read_meta(built)
+    ident = pdata.data_identity(meta)
+    assert ident == {"tokenizer_sha256": sha(built / meta["tokenizer_file"]), "vocab_size": 512,
+                     "seq_len": 64, "train_sha256": sha(built / "train.bin"),
+                     "val_sha256": sha(built / "val.bin"), "packing": meta["packing"]["method"]}
+
+
+def test_atomic_write_replaces_whole_files_only(tmp_path):
+    target = tmp_path / "f.json"
+    pdata.atomic_write(target, b"old")
+    with pytest.raises(RuntimeError):
+        def half_then_crash(f):
+            f.write(b"new but incomp")
+            raise RuntimeError("disk full")
+        pdata.atomic_write(target, half_then_crash)
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["f.json"]
+    pdata.atomic_write(target, lambda f: f.write(b"new"))
+    assert target.read_bytes() == b"new"
 
 
 # ---------------------------------------------------------------------------------------------
