@@ -8,6 +8,8 @@ torch's FlopCounterMode). Pure Python, no torch: fit_laws.py and sweep.sh import
 
     python flops.py --r 4 --scale 10                      # readable table
     python flops.py --r 4 --scale 10 --flops 1e18 --json  # one JSON object for scripts
+    ./sweep.sh --grid paper --plan                        # pipes "name|train.py flags" lines into
+    python flops.py --plan --data DIR [--results F]       #   this: table, total, wall time, data check
 
 Conventions (RECIPE §2-3, paper §3.1):
   n_b  = 12 d^2 + 2d per block (4 attention + 2 MLP matrices, two block norms)
@@ -18,6 +20,7 @@ Conventions (RECIPE §2-3, paper §3.1):
 import argparse
 import json
 import math
+import os
 import sys
 from dataclasses import asdict, dataclass
 
@@ -53,6 +56,8 @@ class ModelConfig:
         """Resolve defaults and reject impossible layouts with a one-line reason (ValueError)."""
         if self.r < 1:
             raise ValueError(f"--r must be >= 1, got {self.r}")
+        if self.head_dim < 1 or self.seq_len < 1:
+            raise ValueError(f"--head-dim and --seq-len must be >= 1, got {self.head_dim} and {self.seq_len}")
         if not (self.scale > 0 and float(64 * self.scale).is_integer()):
             raise ValueError(f"--scale must be positive with 64*scale a whole width, got {self.scale}")
         if float(self.scale).is_integer():
@@ -210,22 +215,59 @@ def summary(cfg, flops=None, batch_tokens=2 ** 18, phi=None):
     return out
 
 
+def positive_int(text):
+    """argparse type: an integer >= 1 (argparse turns the ValueError into one usage error, exit 2)."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def count(text):
+    """argparse type: an integer >= 0 (0 means "the default" for --r-bwd and --recur)."""
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+def finite_float(text):
+    """argparse type: a finite number (nan and inf are refused)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+def positive_float(text):
+    """argparse type: a finite number > 0; accepts 1e18-style budgets."""
+    value = finite_float(text)
+    if value <= 0:
+        raise ValueError(text)
+    return value
+
+
+# argparse names the helper in its message ("invalid positive_int value: '0'"): say it in words.
+positive_int.__name__, count.__name__ = "integer >= 1", "integer >= 0"
+finite_float.__name__, positive_float.__name__ = "finite number", "positive number"
+
+
 def add_model_args(parser):
     """The architecture flags, shared by flops.py, train.py and anything else that builds a model."""
     d = ModelConfig
-    parser.add_argument("--r", type=int, default=d.r, help="recurrences of the shared block")
-    parser.add_argument("--scale", type=float, default=d.scale, help="width d = 64 * scale")
-    parser.add_argument("--r-bwd", type=int, default=0, help="loops with gradient (truncated BPTT); default r")
+    parser.add_argument("--r", type=positive_int, default=d.r, help="recurrences of the shared block")
+    parser.add_argument("--scale", type=positive_float, default=d.scale, help="width d = 64 * scale")
+    parser.add_argument("--r-bwd", type=count, default=0, help="loops with gradient (truncated BPTT); default r")
     parser.add_argument("--injection", default=d.injection, choices=INJECTIONS)
-    parser.add_argument("--hc-lanes", type=int, default=d.hc_lanes, help="hyperconnection lanes K")
-    parser.add_argument("--depth", type=int, default=d.depth, help="effective depth l_p + r*l_recur + l_c")
-    parser.add_argument("--prelude", type=int, default=d.prelude)
-    parser.add_argument("--coda", type=int, default=d.coda)
-    parser.add_argument("--recur", type=int, default=0,
+    parser.add_argument("--hc-lanes", type=positive_int, default=d.hc_lanes, help="hyperconnection lanes K")
+    parser.add_argument("--depth", type=positive_int, default=d.depth, help="effective depth l_p + r*l_recur + l_c")
+    parser.add_argument("--prelude", type=count, default=d.prelude)
+    parser.add_argument("--coda", type=count, default=d.coda)
+    parser.add_argument("--recur", type=count, default=0,
                         help="layers in the shared block (fixed-parameter grids); default (depth-prelude-coda)/r")
-    parser.add_argument("--head-dim", type=int, default=d.head_dim)
-    parser.add_argument("--vocab", type=int, default=d.vocab_size, help="vocabulary size (padded to 64)")
-    parser.add_argument("--seq-len", type=int, default=d.seq_len)
+    parser.add_argument("--head-dim", type=positive_int, default=d.head_dim)
+    parser.add_argument("--vocab", type=positive_int, default=d.vocab_size, help="vocabulary size (padded to 64)")
+    parser.add_argument("--seq-len", type=positive_int, default=d.seq_len)
     parser.add_argument("--random-state-init", action="store_true", help="s_0 ~ N(0,1) ablation (App. C.2)")
 
 
@@ -238,22 +280,130 @@ def config_from_args(args, vocab_size=None):
                        seq_len=args.seq_len, random_state_init=args.random_state_init)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def budget_args(parser):
+    """--flops and --batch-tokens: the horizon flags that the table and the plan price."""
+    parser.add_argument("--flops", type=positive_float, default=None, help="compute budget C in FLOPs")
+    parser.add_argument("--batch-tokens", type=positive_int, default=2 ** 18)
+
+
+def read_data_meta(data_dir):
+    """vocab, seq-len and training tokens of a prepared dataset, or None when there is none yet.
+    Only meta.json is read (no checksum pass: train.py verifies the data when it starts)."""
+    path = os.path.join(data_dir, "meta.json")
+    if not os.path.exists(path):
+        return None
+    try:
+        meta = json.load(open(path))
+        return {key: meta[key] for key in ("vocab_size", "seq_len", "train_tokens")} | {
+            "sources": meta.get("sources", [])}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is unreadable or misses a key ({e!r}): rebuild with prepare_data.py")
+
+
+def data_shortfall(max_tokens, meta, data_dir):
+    """One line saying how far the prepared data falls short of the largest run, or None if it covers it.
+    A run that reads more tokens than the training split repeats data (a second epoch), which the
+    scaling law does not model (RECIPE §5). Tokens per shard come from this dataset's own sources."""
+    have = meta["train_tokens"]
+    if max_tokens <= have:
+        return None
+    train_files = [s for s in meta["sources"] if s.get("val_docs", 0) < s.get("docs", 1)]
+    msg = f"the largest run reads {max_tokens:,} tokens but {data_dir} holds {have:,} training tokens"
+    if train_files:
+        per_file = have / len(train_files)
+        msg += (f" ({len(train_files)} training shard(s), ~{per_file / 1e6:.0f}M tokens each): prepare "
+                f">= {math.ceil(max_tokens / per_file)} training shards (prepare_data.py --shards N)")
+    else:
+        msg += f": prepare {max_tokens / have:.1f}x more training data"
+    return msg + ", or set ALLOW_REPEAT=1 to repeat data knowingly"
+
+
+def achieved_rate(results):
+    """Mean achieved FLOP/s per run of the finished rows in a results file (None if there are none)."""
+    if not results or not os.path.exists(results):
+        return None, ""
+    rows = []
+    for line in open(results):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a torn last line: fit_laws.py reports those, the estimate just skips them
+        if isinstance(row, dict) and row.get("tokens_per_s") and row.get("flops_per_token"):
+            rows.append(row["tokens_per_s"] * row["flops_per_token"])
+    if not rows:
+        return None, ""
+    return sum(rows) / len(rows), f"mean achieved rate of the {len(rows)} runs in {results}"
+
+
+def plan(lines, data_dir, results, flops_per_s):
+    """Price a sweep plan: one "name|train.py flags" line per run (sweep.sh writes them). Prints the
+    table, the total compute and a wall-time estimate; returns an exit status (2: the data is short)."""
+    meta = read_data_meta(data_dir) if data_dir else None
+    parser = argparse.ArgumentParser(prog="flops.py --plan", add_help=False)
     add_model_args(parser)
-    parser.add_argument("--flops", type=float, default=None, help="compute budget C in FLOPs")
-    parser.add_argument("--batch-tokens", type=int, default=2 ** 18)
-    parser.add_argument("--phi", type=float, default=None, help="also print N_eff for this phi")
+    budget_args(parser)
+    rows = []
+    for line in lines:
+        if not line.strip():
+            continue
+        name, _, flags = line.rstrip("\n").partition("|")
+        args, _ = parser.parse_known_args(flags.split())  # train-only flags (--eval-rows, ...) are not ours
+        if meta:
+            args.vocab, args.seq_len = meta["vocab_size"], meta["seq_len"]
+        if args.flops is None:
+            raise ValueError(f"plan line {name!r} has no --flops budget")
+        cfg = config_from_args(args)
+        rows.append((name, cfg, summary(cfg, args.flops, args.batch_tokens)))
+    if not rows:
+        raise ValueError("no plan lines on stdin (expected 'name|train.py flags')")
+    print(f"{'run':<34}{'r':>3}{'r_bwd':>6}{'s':>6}{'budget C':>11}{'N':>14}{'tokens D':>16}{'steps':>8}{'F*D':>12}")
+    for name, cfg, out in rows:
+        print(f"{name:<34}{cfg.r:>3}{cfg.r_bwd:>6}{cfg.scale:>6g}{out['flops_budget']:>11.3g}{out['n_params']:>14,}"
+              f"{out['tokens']:>16,}{out['steps']:>8,}{out['flops_actual']:>12.3e}")
+    total = sum(out["flops_actual"] for _, _, out in rows)
+    print(f"{len(rows)} runs, total compute {total:.3e} FLOPs"
+          + ("" if meta else f" (vocab/seq-len from flags: {data_dir or '--data'}/meta.json not found)"))
+    rate, source = (flops_per_s, "given --flops-per-s") if flops_per_s else achieved_rate(results)
+    if rate:
+        print(f"estimated wall time {total / rate / 3600:,.1f} h at {rate:.3e} FLOP/s per run slot ({source})")
+    else:
+        print("estimated wall time: give --flops-per-s (e.g. 8 x 989e12 x MFU for one 8-GPU node) "
+              "or run a few configurations first")
+    largest = max(rows, key=lambda row: row[2]["tokens"])
+    if meta:
+        short = data_shortfall(largest[2]["tokens"], meta, data_dir)
+        if short is None:
+            print(f"data: {data_dir} holds {meta['train_tokens']:,} training tokens, the largest run "
+                  f"({largest[0]}) reads {largest[2]['tokens']:,}")
+        elif os.environ.get("ALLOW_REPEAT") == "1":
+            print(f"data (ALLOW_REPEAT=1): {short.split(': prepare')[0]}; runs will repeat data")
+        else:
+            print(f"flops.py: {short}", file=sys.stderr)
+            return 2
+    return 0
+
+
+def main():
+    # A short usage line, so that a bad flag reads as two lines (usage, then argparse's reason), not a page.
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     usage="%(prog)s [flags] (see --help)")
+    add_model_args(parser)
+    budget_args(parser)
+    parser.add_argument("--phi", type=finite_float, default=None, help="also print N_eff for this phi")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    g = parser.add_argument_group("plan mode: price 'name|train.py flags' lines from stdin (sweep.sh --plan)")
+    g.add_argument("--plan", action="store_true", help="read the plan lines on stdin")
+    g.add_argument("--data", default="", help="prepared data: its meta.json sets vocab/seq-len and the token check "
+                                              "(ALLOW_REPEAT=1 lets a short dataset pass)")
+    g.add_argument("--results", default="", help="results file whose achieved FLOP/s set the wall-time estimate")
+    g.add_argument("--flops-per-s", type=positive_float, default=None, help="FLOP/s per run slot for the estimate")
     args = parser.parse_args()
     try:
+        if args.plan:
+            sys.exit(plan(sys.stdin, args.data, args.results, args.flops_per_s))
         cfg = config_from_args(args)
     except ValueError as e:
         sys.exit(f"flops.py: {e}")
-    if args.flops is not None and not (args.flops > 0 and math.isfinite(args.flops)):
-        sys.exit(f"flops.py: --flops must be a positive number, got {args.flops}")
-    if args.batch_tokens < 1:
-        sys.exit("flops.py: --batch-tokens must be >= 1")
     out = summary(cfg, args.flops, args.batch_tokens, args.phi)
     if args.json:
         print(json.dumps(out))
