@@ -66,6 +66,15 @@ def causal_attention(q, k, v, backend):
     return y.to(v.dtype)
 
 
+def embedding_dtype(device_type):
+    """dtype of the token embedding's output: bf16 under bf16 autocast (the GPU default), as the
+    authors' code casts wte to bf16 on GPU (RECIPE §1); otherwise None (keep the weight's dtype, so
+    CPU/fp32 is unchanged). nn.Embedding is not autocast, so the stream would otherwise start fp32."""
+    if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16:
+        return torch.bfloat16
+    return None
+
+
 # ----------------------------------------------------------------------------------------------
 # Building blocks
 
@@ -77,7 +86,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        return F.rms_norm(x, (x.size(-1),), self.weight, NORM_EPS)
+        # In the input's dtype (a no-op in fp32): the bf16 embedding stream stays bf16 on GPU.
+        return F.rms_norm(x, (x.size(-1),), self.weight.to(x.dtype), NORM_EPS)
 
 
 def rope_tables(seq_len, head_dim, device):
@@ -259,12 +269,17 @@ class GPT(nn.Module):
         runs the block, and writes lanes <- M_t lanes + beta_t (x) s. The coda reads the lane sum.
         All three are matmuls on the flattened lanes, so flops.py counts them as (K^2 + 2K) d."""
         K, shape = self.cfg.hc_lanes, e.shape
-        lanes = e.reshape(1, -1).expand(K, -1)
+        # The lanes accumulate r block outputs; like the authors' code they stay fp32 under
+        # autocast (the lane arithmetic runs with autocast off), so the coda reads an fp32 sum.
+        # On CPU/fp32 every .float() is a no-op and the result is unchanged bit for bit.
+        lanes = e.float().reshape(1, -1).expand(K, -1)
         for t in range(r):
             step = min(t, self.cfg.r - 1)  # beyond the trained r (r_eval > r) reuse the last step
-            u = (self.hc_alpha[step].to(e.dtype)[None] @ lanes).view(shape)
+            with torch.autocast(e.device.type, enabled=False):
+                u = (self.hc_alpha[step].float()[None] @ lanes).view(shape)
             s = self.run_shared(u, rope)
-            lanes = self.hc_mix[step].to(e.dtype) @ lanes + self.hc_beta[step].to(e.dtype)[:, None] @ s.reshape(1, -1)
+            with torch.autocast(e.device.type, enabled=False):
+                lanes = self.hc_mix[step].float() @ lanes + self.hc_beta[step].float()[:, None] @ s.float().reshape(1, -1)
         return lanes.sum(0).view(shape)
 
     def forward(self, idx, targets=None, r=None):
@@ -278,7 +293,7 @@ class GPT(nn.Module):
         if T > self.rope_cos.size(0):
             raise ValueError(f"sequence of {T} tokens is longer than seq_len={self.rope_cos.size(0)}")
         rope = (self.rope_cos, self.rope_sin)
-        x = self.norm_embed(self.wte(idx))
+        x = self.norm_embed(self.wte(idx).to(embedding_dtype(idx.device.type) or self.wte.weight.dtype))
         for block in self.prelude:
             x = block(x, rope, self.backend)
         x = self.recurrence(x, r, r_bwd, rope)

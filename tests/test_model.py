@@ -1,9 +1,12 @@
 """The looped transformer, as the paper describes it (§3.1, §5, App. C): each test is one claim."""
+import sys
+import types
+
 import pytest
 import torch
 
 from flops import ModelConfig
-from model import GPT, activation_bytes, attention_backend
+from model import GPT, activation_bytes, attention_backend, causal_attention, embedding_dtype
 
 
 def tiny(**kw):
@@ -177,8 +180,62 @@ def test_random_state_init_ablation():
         tiny(random_state_init=True, injection="hyper")
 
 
-def test_cpu_uses_sdpa():
-    assert attention_backend("cpu")[0] == "sdpa"
+def test_attention_backend_follows_device_and_installed_kernels(monkeypatch):
+    """CPU -> SDPA; a Hopper GPU -> FA3 if its module imports, else FA2, else SDPA; other GPUs never
+    FA3. The GPU and the flash modules are faked, so every branch runs on CPU."""
+    fa3, fa2 = types.ModuleType("flash_attn_interface"), types.ModuleType("flash_attn")
+    fa3.flash_attn_func, fa2.flash_attn_func = (lambda *a, **k: "fa3"), (lambda *a, **k: "fa2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for capability, installed, expected in [((9, 0), [fa3, fa2], "fa3"), ((9, 0), [fa2], "fa2"),
+                                            ((8, 0), [fa3, fa2], "fa2"), ((9, 0), [], "sdpa")]:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        for module in (fa3, fa2):
+            monkeypatch.setitem(sys.modules, module.__name__, module if module in installed else None)
+        name, fn = attention_backend("cuda")
+        assert name == expected and (fn is None if name == "sdpa" else fn() == name)
+        assert attention_backend("cpu") == ("sdpa", None)
+
+
+def test_sdpa_attention_is_causal_softmax_attention():
+    """The SDPA path equals softmax(q k^T / sqrt(D) + causal mask) v written out by hand."""
+    q, k, v = torch.randn(3, 2, 7, 4, 8).unbind(0)  # (B, T, H, D)
+    scores = torch.einsum("bthd,bshd->bhts", q, k) / 8 ** 0.5
+    scores = scores.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
+    expected = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v)
+    assert torch.allclose(causal_attention(q, k, v, ("sdpa", None)), expected, atol=1e-6)
+
+
+def test_fp32_forward_is_unchanged_by_the_gpu_dtype_rules():
+    """Outside autocast the embedding keeps its dtype and the hyperconnection lanes compute exactly
+    the formula they had before the fp32-lane rule (the .float() casts are no-ops): bit for bit."""
+    assert embedding_dtype("cpu") is None
+    model = make(injection="hyper", hc_lanes=2, r=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        e = torch.randn(2, 32, model.cfg.d_model)
+        rope = (model.rope_cos, model.rope_sin)
+        lanes = e.reshape(1, -1).expand(2, -1)
+        for t in range(4):
+            s = model.run_shared((model.hc_alpha[t][None] @ lanes).view(e.shape), rope)
+            lanes = model.hc_mix[t] @ lanes + model.hc_beta[t][:, None] @ s.reshape(1, -1)
+        assert torch.equal(model.hyper_recurrence(e, 4, rope), lanes.sum(0).view(e.shape))
+
+
+@pytest.mark.parametrize("injection", ["linear", "hyper"])
+def test_bf16_autocast_embeds_in_bf16_and_keeps_hyper_lanes_fp32(injection):
+    """As the authors' GPU code: under bf16 autocast the stream leaves the embedding in bf16, and
+    the hyperconnection lanes (so the coda's input) stay fp32; other modes pass bf16 to the coda."""
+    model = make(injection=injection)
+    seen = {}
+    model.prelude[0].register_forward_pre_hook(lambda mod, args: seen.update(prelude=args[0].dtype))
+    model.coda[0].register_forward_pre_hook(lambda mod, args: seen.update(coda=args[0].dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert embedding_dtype("cpu") == torch.bfloat16
+        loss = model(tokens(), tokens())
+    loss.backward()
+    assert torch.isfinite(loss) and model.wte.weight.grad.dtype == torch.float32
+    assert seen == {"prelude": torch.bfloat16, "coda": torch.float32 if injection == "hyper" else torch.bfloat16}
 
 
 def test_generate_greedy_is_deterministic_and_respects_context():
