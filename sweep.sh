@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # sweep.sh — plan, run, resume and fit an iso-depth grid (paper §4.1, Table 7; RECIPE §6-7).
 #
-#   ./sweep.sh --grid paper --plan                     # every run, its FLOPs, tokens, and the total
+#   ./sweep.sh --grid paper --plan                     # every run, its FLOPs, tokens, the total, the data check
 #   ./sweep.sh --grid paper                            # run it on this node's GPUs, then fit
 #   ./sweep.sh --grid paper --print > jobs.txt         # one command per line, for a scheduler
 #   ./sweep.sh --grid cpu-micro                        # the CPU-scale reproduction (~1 h, 2 cores)
 #   ./sweep.sh --grid smoke -- --eval-rows 32          # anything after -- goes to every train.py
 #
-# A run whose row is already in the results file is skipped; a finished run folder from another grid
-# (the r = 1 baselines that trunc/hyper/depth share with paper) is reused by copying its row; an
-# interrupted run resumes from its checkpoint. A failing run is logged and the others go on.
+# Grids: paper (Table 7, 116 runs), trunc and hyper (the case studies, r_bwd = ceil(r/2) and K = 2
+# hyperconnections at the four lowest budgets, reusing paper's r = 1 runs), depth18, depth24 (App. G.4),
+# cpu-micro with cpu-micro-trunc and cpu-micro-hyper (the same case studies at CPU scale), smoke.
+#
+# train.py is called for every planned run and decides from the results file whether the run is
+# already done (same run identity), reuses a finished identical run of another grid beside OUT
+# (--reuse-from: the r = 1 baselines that trunc/hyper share with paper), resumes a checkpoint, or
+# trains. A failing run is logged and the others go on; a run locked by another live process is
+# counted as busy. Before any run starts, the plan is priced by flops.py and refused when the
+# prepared data holds fewer training tokens than the largest run reads (ALLOW_REPEAT=1 overrides).
 #
 # Environment: GPUS (default: all visible, 0 on CPU), GPUS_PER_RUN (default: GPUS, at least 1),
 # CPU_JOBS (runs at once without GPUs, default 1; each gets cores/CPU_JOBS threads),
-# OUT (default runs/<grid>), DATA (default per grid), PYTHON (default python3).
+# OUT (default runs/<grid>), DATA (default per grid), PYTHON (default python3), ALLOW_REPEAT=1.
 set -uo pipefail
 cd "$(dirname "$0")"
 
@@ -28,11 +35,17 @@ PAPER_CELLS=(            # Table 7: 29 (budget, width) cells, the same widths fo
   "2.15e19:18 24 28 34"
 )
 CASE_STUDY_CELLS=("${PAPER_CELLS[@]:0:4}")   # trunc, hyper, depth18/24: the four lowest budgets
+# The authors' case-study sweeps add one wider width where the optimum moves wider (their released
+# scaling_laws_truncbptt.sh / _hyperconnect.sh): for the looped runs only, since the r = 1 baseline is
+# the unchanged paper runs. trunc: 20 r = 1 + 3 x 23 = 89 runs; hyper: 20 + 3 x 21 = 83 (App. H.2).
+TRUNC_EXTRA_CELLS=("1e18:16" "2.15e18:18" "4.64e18:22")
+HYPER_EXTRA_CELLS=("2.15e18:18")
 # CPU scale: vocab 2048, rows of 128 tokens, 2,048-token steps, head dim 8 so d = 8..64 works
 # (s = 0.125 is d = 8). Every r's best width has a narrower and a wider one beside it at every
 # budget (d = 16, 16, 24; a test checks the committed results); at 1e12 the looped models were best
 # at d = 8, the narrowest possible, so the lowest budget is 1.5e12. About 75 min on 2 cores with
-# CPU_JOBS=2 (tiny models are dispatch-bound, ~0.15 s a step).
+# CPU_JOBS=2 (tiny models are dispatch-bound, ~0.15 s a step). cpu-micro-trunc and cpu-micro-hyper
+# run the case studies on these same cells and reuse cpu-micro's r = 1 runs.
 CPU_MICRO_CELLS=(
   "1.5e12:0.125 0.25 0.375 0.5"
   "2e12:0.125 0.25 0.375 0.5"
@@ -42,9 +55,11 @@ SMOKE_CELLS=("3e9:0.25 0.5" "1e10:0.25 0.5")
 PAPER_R="1 2 4 8"
 
 # Train flags per grid (model shape, data, LR re-anchoring for the CPU scale).
+# The GPU grids evaluate every run on the paper's 34,560 validation rows (~70.8M tokens, RECIPE §5).
 # The LR rule is re-anchored at the micro reference (d = 32, B = 2048, D = 5e5; RECIPE §6) with the
 # MuonH base LR 0.056 from dev/calibrate_micro_lr.sh (best for r = 1, 2nd-best of six for r = 4, see
 # dev/results/lr_calibration.txt); the exponents and AdamW bases stay the paper's.
+GPU_FLAGS="--eval-rows 34560"
 CPU_MICRO_FLAGS="--head-dim 8 --batch-tokens 2048 --ref-width 32 --ref-batch 2048 --ref-tokens 5e5 --lr-matrix 0.056 --eval-rows 1024 --log-every 50"
 SMOKE_FLAGS="--head-dim 8 --depth 6 --prelude 1 --coda 1 --batch-tokens 512 --ref-width 32 --ref-batch 512 --ref-tokens 2e4 --eval-rows 64 --log-every 10"
 
@@ -60,7 +75,7 @@ while [ $# -gt 0 ]; do
     --flops-per-s) FLOPS_PER_S="$2"; shift 2 ;;
     --no-fit) NO_FIT=1; shift ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
     *) echo "sweep.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -70,33 +85,35 @@ RESULTS="$OUT/results.jsonl"
 
 # One line per run: name | train.py flags (without data/out/results).
 plan_lines() {
-  local cells=() rs="$PAPER_R" flags="" variant=""
-  GRID_TAG=""
+  local cells=() extra=() rs="$PAPER_R" flags="$GPU_FLAGS" variant="" tag=""
   case "$GRID" in
     paper)     cells=("${PAPER_CELLS[@]}") ;;
-    trunc)     cells=("${CASE_STUDY_CELLS[@]}"); variant=trunc ;;
-    hyper)     cells=("${CASE_STUDY_CELLS[@]}"); variant=hyper ;;
-    depth18)   cells=("${CASE_STUDY_CELLS[@]}"); flags="--depth 18 --prelude 1 --coda 1"; GRID_TAG=_L18 ;;
-    depth24)   cells=("${CASE_STUDY_CELLS[@]}"); flags="--depth 24 --prelude 4 --coda 4"; GRID_TAG=_L24 ;;
-    cpu-micro) cells=("${CPU_MICRO_CELLS[@]}"); flags="$CPU_MICRO_FLAGS"; GRID_TAG=_micro ;;
-    smoke)     cells=("${SMOKE_CELLS[@]}"); flags="$SMOKE_FLAGS"; rs="1 2 4"; GRID_TAG=_smoke ;;
-    *) echo "sweep.sh: unknown grid '$GRID' (paper|trunc|hyper|depth18|depth24|cpu-micro|smoke)" >&2; exit 2 ;;
+    trunc)     cells=("${CASE_STUDY_CELLS[@]}"); extra=("${TRUNC_EXTRA_CELLS[@]}"); variant=trunc ;;
+    hyper)     cells=("${CASE_STUDY_CELLS[@]}"); extra=("${HYPER_EXTRA_CELLS[@]}"); variant=hyper ;;
+    depth18)   cells=("${CASE_STUDY_CELLS[@]}"); flags="--depth 18 --prelude 1 --coda 1 $GPU_FLAGS"; tag=_L18 ;;
+    depth24)   cells=("${CASE_STUDY_CELLS[@]}"); flags="--depth 24 --prelude 4 --coda 4 $GPU_FLAGS"; tag=_L24 ;;
+    cpu-micro|cpu-micro-trunc|cpu-micro-hyper)
+               cells=("${CPU_MICRO_CELLS[@]}"); flags="$CPU_MICRO_FLAGS"; tag=_micro; variant="${GRID#cpu-micro}"; variant="${variant#-}" ;;
+    smoke)     cells=("${SMOKE_CELLS[@]}"); flags="$SMOKE_FLAGS"; rs="1 2 4"; tag=_smoke ;;
+    *) echo "sweep.sh: unknown grid '$GRID' (paper|trunc|hyper|depth18|depth24|cpu-micro|cpu-micro-trunc|cpu-micro-hyper|smoke)" >&2; return 2 ;;
   esac
-  local cell budget s r arch tag
+  local cell budget s r widths more arch name
   for cell in "${cells[@]}"; do
     budget="${cell%%:*}"
-    for s in ${cell#*:}; do
+    more=""  # the extra (wider) widths at this budget, looped runs only
+    for e in "${extra[@]}"; do [ "${e%%:*}" = "$budget" ] && more="$more ${e#*:}"; done
+    for s in ${cell#*:} $more; do
       for r in $rs; do
+        if [ "$r" -eq 1 ] && [[ " $more " == *" $s "* ]]; then continue; fi
         # The name holds everything that makes a run distinct, so identical runs (the r = 1
-        # baselines of trunc/hyper) are shared across grids.
-        arch="--r $r"; tag="$GRID_TAG"
+        # baselines of the case studies) share a name across grids and can be reused.
+        arch="--r $r"; name="r${r}_s${s}_C${budget}"
         if [ "$r" -gt 1 ] && [ "$variant" = trunc ]; then
-          arch="--r $r --r-bwd $(( (r + 1) / 2 ))"; tag="_rb$(( (r + 1) / 2 ))$tag"
+          arch="--r $r --r-bwd $(( (r + 1) / 2 ))"; name="${name}_rb$(( (r + 1) / 2 ))"
+        elif [ "$r" -gt 1 ] && [ "$variant" = hyper ]; then
+          arch="--r $r --injection hyper --hc-lanes 2"; name="${name}_hyper"
         fi
-        if [ "$r" -gt 1 ] && [ "$variant" = hyper ]; then
-          arch="--r $r --injection hyper --hc-lanes 2"; tag="_hyper$tag"
-        fi
-        echo "r${r}_s${s}_C${budget}${tag}|$arch --scale $s --flops $budget $flags"
+        echo "$name$tag|$arch --scale $s --flops $budget $flags"
       done
     done
   done
@@ -104,7 +121,7 @@ plan_lines() {
 
 default_data() {
   case "$GRID" in
-    cpu-micro) echo "data/micro-2k" ;;
+    cpu-micro*) echo "data/micro-2k" ;;
     smoke) echo "data/smoke" ;;
     *) echo "data/fineweb" ;;
   esac
@@ -114,73 +131,49 @@ DATA="${DATA:-$(default_data)}"
 mapfile -t LINES < <(plan_lines) || exit 2
 [ "${#LINES[@]}" -gt 0 ] || exit 2
 
+# flops.py prices the plan (the single source of truth for N, D and FLOPs) and checks that the
+# prepared data covers the largest run; the flags after -- can change the horizon, so they go along.
+price_plan() {
+  local line
+  for line in "${LINES[@]}"; do echo "$line${EXTRA[*]:+ ${EXTRA[*]}}"; done |
+    "$PYTHON" flops.py --plan --data "$DATA" --results "$RESULTS" ${FLOPS_PER_S:+--flops-per-s "$FLOPS_PER_S"}
+}
 if [ "$MODE" = plan ]; then
-  # flops.py is the single source of truth: one Python process prices the whole grid.
-  read -r -d '' PLAN_PY <<'EOF'
-import argparse, json, os, sys
-import flops
-flops_per_s, results, data = sys.argv[1], sys.argv[2], sys.argv[3]
-meta = {}
-if os.path.exists(os.path.join(data, "meta.json")):
-    meta = json.load(open(os.path.join(data, "meta.json")))
-rows, total = [], 0.0
-parser = argparse.ArgumentParser()
-flops.add_model_args(parser)
-for extra in ("--flops", "--batch-tokens"):
-    parser.add_argument(extra, type=float)
-for line in sys.stdin:
-    name, argstr = line.rstrip("\n").split("|", 1)
-    args, _ = parser.parse_known_args(argstr.split())
-    if meta:
-        args.vocab, args.seq_len = meta["vocab_size"], meta["seq_len"]
-    cfg = flops.config_from_args(args)
-    out = flops.summary(cfg, args.flops, int(args.batch_tokens or 2 ** 18))
-    total += out["flops_actual"]
-    rows.append((name, cfg, out))
-print(f"{'run':<34}{'r':>3}{'r_bwd':>6}{'s':>6}{'budget C':>11}{'N':>14}{'tokens D':>16}{'steps':>8}{'F*D':>12}")
-for name, cfg, out in rows:
-    print(f"{name:<34}{cfg.r:>3}{cfg.r_bwd:>6}{cfg.scale:>6g}{out['flops_budget']:>11.3g}{out['n_params']:>14,}"
-          f"{out['tokens']:>16,}{out['steps']:>8,}{out['flops_actual']:>12.3e}")
-print(f"{len(rows)} runs, total compute {total:.3e} FLOPs"
-      + ("" if meta else f" (vocab/seq-len from flags: {data}/meta.json not found)"))
-rate, source = None, ""
-if flops_per_s:
-    rate, source = float(flops_per_s), "given --flops-per-s"
-elif os.path.exists(results):
-    done = [json.loads(l) for l in open(results) if l.strip()]
-    done = [r for r in done if r.get("tokens_per_s")]
-    if done:
-        rate = sum(r["tokens_per_s"] * r["flops_per_token"] for r in done) / len(done)
-        source = f"mean achieved rate of the {len(done)} runs in {results}"
-if rate:
-    hours = total / rate / 3600
-    print(f"estimated wall time {hours:,.1f} h at {rate:.3e} FLOP/s per run slot ({source})")
-else:
-    print("estimated wall time: give --flops-per-s (e.g. 8 x 989e12 x MFU for one 8-GPU node) "
-          "or run a few configurations first")
-EOF
-  printf '%s\n' "${LINES[@]}" | "$PYTHON" -c "$PLAN_PY" "${FLOPS_PER_S:-}" "$RESULTS" "$DATA"
+  price_plan
   exit $?
 fi
 
 # ---------------------------------------------------------------------------------------------
 # Running. GPU slots: GPUS / GPUS_PER_RUN concurrent runs, each on its own devices and port.
+whole() { [[ "$2" =~ ^[0-9]+$ ]] || { echo "sweep.sh: $1 must be a whole number, got '$2'" >&2; exit 2; }; }
 if [ -z "${GPUS:-}" ]; then
   GPUS=$(command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | wc -l || echo 0)
 fi
+whole GPUS "$GPUS"
 GPUS_PER_RUN="${GPUS_PER_RUN:-$(( GPUS > 0 ? GPUS : 1 ))}"
+whole GPUS_PER_RUN "$GPUS_PER_RUN"
+whole CPU_JOBS "${CPU_JOBS:-1}"
 if [ "$GPUS" -gt 0 ]; then
+  [ "$GPUS_PER_RUN" -ge 1 ] && [ "$GPUS_PER_RUN" -le "$GPUS" ] ||
+    { echo "sweep.sh: GPUS_PER_RUN=$GPUS_PER_RUN must be in 1..GPUS=$GPUS" >&2; exit 2; }
   SLOTS=$(( GPUS / GPUS_PER_RUN ))
-  [ "$SLOTS" -ge 1 ] || { echo "sweep.sh: GPUS_PER_RUN=$GPUS_PER_RUN > GPUS=$GPUS" >&2; exit 2; }
 else
   SLOTS="${CPU_JOBS:-1}"
+  [ "$SLOTS" -ge 1 ] || { echo "sweep.sh: CPU_JOBS must be >= 1, got $SLOTS" >&2; exit 2; }
   # Tiny models are dispatch-bound: one thread per run and several runs beat oversubscribed threads.
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / SLOTS > 0 ? $(nproc) / SLOTS : 1 ))}"
 fi
 
 train_command() {  # name, flags, slot
-  local name="$1" flags="$2" slot="$3"
-  local common="train.py --data $DATA --out $OUT/runs/$name --results $RESULTS --resume $flags ${EXTRA[*]}"
+  local name="$1" flags="$2" slot="$3" reuse="" sibling
+  # A finished run of the same name in another grid beside OUT (e.g. runs/paper for runs/trunc):
+  # train.py reuses it only if its identity (config, horizon, LRs, seed, data) is exactly this run's.
+  for sibling in "$(dirname "$OUT")"/*/runs/"$name"; do
+    if [ -f "$sibling/final.json" ] && [ "$(realpath -m "$sibling/../..")" != "$(realpath -m "$OUT")" ]; then
+      reuse="--reuse-from $sibling "; break
+    fi
+  done
+  local common="train.py --data $DATA --out $OUT/runs/$name --results $RESULTS --resume $reuse$flags${EXTRA[*]:+ ${EXTRA[*]}}"
   if [ "$GPUS" -gt 0 ]; then
     local first=$(( slot * GPUS_PER_RUN )) devices
     devices=$(seq -s, "$first" $(( first + GPUS_PER_RUN - 1 )))
@@ -197,24 +190,35 @@ if [ "$MODE" = print ]; then
 fi
 
 [ -f "$DATA/meta.json" ] || { echo "sweep.sh: $DATA/meta.json not found; build it with prepare_data.py (see README)" >&2; exit 2; }
-mkdir -p "$OUT/runs" "$OUT/logs"
+mkdir -p "$OUT/runs" "$OUT/logs" || exit 2
+# Price the plan and check the data budget before any run starts; the table is kept with the results.
+price_plan > "$OUT/plan.txt" || exit 2
 touch "$RESULTS"
 SLOT_PID=()
 SLOT_NAME=()
+SLOT_LOGSIZE=()
 FAILED=()
-RAN=0
-SKIPPED=0
+BUSY=()
+TRAINED=0
+DONE=0
+REUSED=0
 
 reap() {  # collect finished runs; one failure is recorded and the sweep goes on
-  local i pid rc
+  local i pid rc name said
   for i in "${!SLOT_PID[@]}"; do
     pid="${SLOT_PID[$i]}"
     if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
       wait "$pid"; rc=$?
-      if [ "$rc" -ne 0 ]; then
-        FAILED+=("${SLOT_NAME[$i]} (exit $rc, log $OUT/logs/${SLOT_NAME[$i]}.log)")
-        echo "[$(date +%H:%M:%S)] FAILED ${SLOT_NAME[$i]} (exit $rc)"
-      fi
+      name="${SLOT_NAME[$i]}"
+      # What train.py said this time (the log is appended to, so read only the new part).
+      said=$(tail -c +$(( SLOT_LOGSIZE[i] + 1 )) "$OUT/logs/$name.log" | grep -oE -m 1 '(already done|reused|busy):')
+      case "$rc:$said" in
+        0:"already done:") DONE=$((DONE + 1)) ;;
+        0:reused:) REUSED=$((REUSED + 1)); echo "[$(date +%H:%M:%S)] reused $name" ;;
+        0:*) TRAINED=$((TRAINED + 1)); echo "[$(date +%H:%M:%S)] done $name" ;;
+        75:*) BUSY+=("$name"); echo "[$(date +%H:%M:%S)] busy $name (another process is training it)" ;;
+        *) FAILED+=("$name (exit $rc, log $OUT/logs/$name.log)"); echo "[$(date +%H:%M:%S)] FAILED $name (exit $rc)" ;;
+      esac
       SLOT_PID[$i]=""
     fi
   done
@@ -235,27 +239,22 @@ trap 'echo "sweep.sh: interrupted; running jobs checkpoint on SIGTERM, rerun to 
 
 for line in "${LINES[@]}"; do
   name="${line%%|*}"; flags="${line#*|}"
-  if grep -q "\"out\": \"$OUT/runs/$name\"" "$RESULTS"; then SKIPPED=$((SKIPPED + 1)); continue; fi
-  # Reuse a finished identical run from another grid (the r = 1 baselines of trunc/hyper).
-  shared=$(ls "$(dirname "$OUT")"/*/runs/"$name"/final.json 2>/dev/null | grep -v "^$OUT/" | head -n 1)
-  if [ -n "$shared" ] && [ "${#EXTRA[@]}" -eq 0 ]; then
-    "$PYTHON" -c "import json,sys; r=json.load(open(sys.argv[1])); r['out']=sys.argv[2]; print(json.dumps(r))" \
-      "$shared" "$OUT/runs/$name" >> "$RESULTS"
-    echo "reused $shared"; SKIPPED=$((SKIPPED + 1)); continue
-  fi
   wait_for_slot
   cmd=$(train_command "$name" "$flags" "$SLOT")
   if [ "$GPUS" -gt 0 ]; then  # concurrent runs on one node need their own rendezvous ports
     cmd="${cmd/torchrun --standalone/torchrun --rdzv-backend=c10d --rdzv-endpoint=localhost:$((29500 + SLOT))}"
   fi
-  echo "[$(date +%H:%M:%S)] slot $SLOT: $name"
-  bash -c "$cmd" > "$OUT/logs/$name.log" 2>&1 &
+  log="$OUT/logs/$name.log"
+  SLOT_LOGSIZE[$SLOT]=$(stat -c %s "$log" 2>/dev/null || echo 0)
+  echo "[$(date -u +%FT%TZ)] $cmd" >> "$log"
+  bash -c "$cmd" >> "$log" 2>&1 &
   SLOT_PID[$SLOT]=$!; SLOT_NAME[$SLOT]="$name"
-  RAN=$((RAN + 1))
 done
 while [ -n "$(printf '%s' "${SLOT_PID[@]:-}")" ]; do reap; sleep 1; done
 
-echo "sweep $GRID: ${#LINES[@]} configurations, $RAN run now, $SKIPPED already done, ${#FAILED[@]} failed"
+echo "sweep $GRID: ${#LINES[@]} configurations: $TRAINED trained now, $DONE already done, $REUSED reused," \
+     "${#BUSY[@]} busy, ${#FAILED[@]} failed"
+for b in "${BUSY[@]}"; do echo "  busy (locked by another live process; rerun later): $b"; done
 for f in "${FAILED[@]}"; do echo "  failed: $f"; done
 
 if [ -z "${NO_FIT:-}" ]; then
@@ -267,4 +266,4 @@ if [ -z "${NO_FIT:-}" ]; then
     [ "${#FAILED[@]}" -eq 0 ] && exit 1
   fi
 fi
-[ "${#FAILED[@]}" -eq 0 ]
+[ "${#FAILED[@]}" -eq 0 ] && [ "${#BUSY[@]}" -eq 0 ]

@@ -5,6 +5,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,12 +49,22 @@ def test_paper_plan_is_table7_times_four_architectures_priced_by_flops_py():
     assert f"total compute {total:.3e}" in out
 
 
-@pytest.mark.parametrize("grid", ["trunc", "hyper", "depth18", "depth24"])
-def test_case_study_plans_use_the_four_lowest_budgets(grid):
-    rows, _ = plan_rows(grid)
+# The authors' case-study sweeps add one wider width per budget where the optimum moves wider, for
+# the looped runs only (their truncated-BPTT and hyperconnections scripts run r in {2,4,8}; the r = 1
+# baseline is the unchanged paper runs): 20 + 3 x 23 = 89 and 20 + 3 x 21 = 83 runs (App. H.2: "83").
+EXTRA_WIDTHS = {"trunc": {1e18: [16], 2.15e18: [18], 4.64e18: [22]}, "hyper": {2.15e18: [18]},
+                "depth18": {}, "depth24": {}}
+
+
+@pytest.mark.parametrize("grid, n_runs", [("trunc", 89), ("hyper", 83), ("depth18", 80), ("depth24", 80)])
+def test_case_study_plans_use_the_four_lowest_budgets_and_the_authors_extra_widths(grid, n_runs):
+    rows, out = plan_rows(grid)
+    assert len(rows) == n_runs and f"{n_runs} runs" in out
     low = {C: w for C, w in TABLE7.items() if C <= 4.64e18}
-    assert {(x["C"], x["s"]) for x in rows} == {(C, s) for C, ws in low.items() for s in ws}
-    assert sorted({x["r"] for x in rows}) == [1, 2, 4, 8] and len(rows) == 4 * 20
+    extra = EXTRA_WIDTHS[grid]
+    for r in (1, 2, 4, 8):
+        want = {(C, s) for C, ws in low.items() for s in ws + (extra.get(C, []) if r > 1 else [])}
+        assert {(x["C"], x["s"]) for x in rows if x["r"] == r} == want, r
     for x in rows:
         if grid == "trunc":
             assert x["r_bwd"] == (x["r"] + 1) // 2  # ceil(r/2); r = 1 is the shared baseline
@@ -62,6 +73,28 @@ def test_case_study_plans_use_the_four_lowest_budgets(grid):
     if grid in ("trunc", "hyper"):  # the r = 1 baselines share their run names with the paper grid
         paper_names = {x["name"] for x in plan_rows("paper")[0]}
         assert {x["name"] for x in rows if x["r"] == 1} <= paper_names
+        printed = sweep("--grid", grid, "--print", env={"GPUS": "8", "GPUS_PER_RUN": "8"}).stdout
+        looped = [line for line in printed.splitlines() if " --r 1 " not in line]
+        flag = "--r-bwd" if grid == "trunc" else "--injection hyper --hc-lanes 2"
+        assert len(looped) == n_runs - 20 and all(flag in line for line in looped)
+
+
+@pytest.mark.parametrize("grid, flag", [("cpu-micro-trunc", "--r-bwd"), ("cpu-micro-hyper", "--injection hyper")])
+def test_cpu_case_study_grids_are_the_cpu_micro_cells_with_the_variant(grid, flag):
+    """One list of cells (CPU_MICRO_CELLS) drives cpu-micro and both CPU case studies; the r = 1 runs
+    are cpu-micro's, by name, so a case-study sweep beside runs/cpu-micro reuses them."""
+    base, _ = plan_rows("cpu-micro")
+    rows, _ = plan_rows(grid)
+    assert sorted((x["C"], x["s"], x["r"]) for x in rows) == sorted((x["C"], x["s"], x["r"]) for x in base)
+    assert {x["name"] for x in rows if x["r"] == 1} == {x["name"] for x in base if x["r"] == 1}
+    assert not {x["name"] for x in rows if x["r"] > 1} & {x["name"] for x in base}
+    def flags_by_run(g, drop=""):  # train.py flags after --resume, per (r, s, C), variant flags removed
+        lines = sweep("--grid", g, "--print").stdout.splitlines()
+        return {re.search(r"--r (\S+) .*--scale (\S+) --flops (\S+)", line).groups():
+                re.sub(drop, "", line.split("--resume ")[1]) for line in lines}
+    variant = flags_by_run(grid)
+    assert all((flag in f) == (r != "1") for (r, _, _), f in variant.items())
+    assert flags_by_run(grid, r" --r-bwd \d+| --injection hyper --hc-lanes 2") == flags_by_run("cpu-micro")
 
 
 def test_print_gives_one_torchrun_command_per_run():
@@ -69,6 +102,8 @@ def test_print_gives_one_torchrun_command_per_run():
     assert len(out) == 116
     assert all(line.startswith("torchrun --standalone --nproc_per_node=8 -- train.py") for line in out)
     assert "--r 4 --scale 10 --flops 1e18" in "\n".join(out)
+    # every paper run is evaluated on the paper's 34,560 validation rows (~70.8M tokens, RECIPE §5)
+    assert all(line.endswith("--eval-rows 34560") for line in out)
 
 
 def test_committed_cpu_micro_results_are_this_grid_and_bracket_every_minimum():
@@ -94,26 +129,162 @@ def test_unknown_grid_is_refused():
     assert proc.returncode == 2 and "unknown grid" in proc.stderr
 
 
+def test_sweep_sh_has_no_embedded_python():
+    """--plan pricing lives in flops.py and reuse in train.py --reuse-from (issue 14): sweep.sh only
+    calls Python scripts, it holds no Python program of its own."""
+    text = (REPO / "sweep.sh").read_text()
+    assert not re.search(r"<<\s*'?\w+'?|(PYTHON\W*|python3?)\s+-c\s|\bimport\s+\w", text)
+
+
+# A stand-in for train.py that keeps its exit/output contract (INTERFACES.md), so the sweep's own logic
+# is tested in seconds: exit 0 with "already done:" when the results file has the run, "reused: DIR"
+# with --reuse-from, 75 "busy:" for a locked run, 1 for a diverged one; every call is recorded.
+FAKE_TRAIN = """
+import json, os, sys
+argv = sys.argv[1:]
+flag = lambda name: argv[argv.index(name) + 1] if name in argv else None
+out, results, name = flag("--out"), flag("--results"), os.path.basename(flag("--out"))
+with open(os.environ["FAKE_CALLS"], "a") as f:
+    f.write(json.dumps(argv) + "\\n")
+if name in os.environ.get("FAKE_BUSY", "").split():
+    print("busy: " + out); sys.exit(75)
+if name in os.environ.get("FAKE_FAIL", "").split():
+    print("diverged"); sys.exit(1)
+rows = [json.loads(line) for line in open(results)] if os.path.exists(results) else []
+if any(row["out"] == out for row in rows):
+    print("already done: " + out); sys.exit(0)
+os.makedirs(out, exist_ok=True)
+open(os.path.join(out, "final.json"), "w").write(json.dumps({"out": out}))
+with open(results, "a") as f:
+    f.write(json.dumps({"out": out}) + "\\n")
+print(("reused: " + flag("--reuse-from")) if flag("--reuse-from") else "trained")
+"""
+
+
+@pytest.fixture
+def fake_train(tmp_path):
+    """PYTHON for sweep.sh that runs the fake for train.py and the real interpreter for flops.py."""
+    (tmp_path / "fake_train.py").write_text(FAKE_TRAIN)
+    python = tmp_path / "python"
+    python.write_text(f'#!/usr/bin/env bash\nif [ "$1" = train.py ]; then shift; exec {sys.executable} '
+                      f'{tmp_path}/fake_train.py "$@"; fi\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "meta.json").write_text(json.dumps({"vocab_size": 2048, "seq_len": 128, "train_tokens": 10 ** 8,
+                                                "sources": []}))
+    calls = tmp_path / "calls.jsonl"
+    return {"PYTHON": str(python), "DATA": str(data), "FAKE_CALLS": str(calls)}, calls
+
+
+def calls_by_name(calls):
+    argvs = [json.loads(line) for line in calls.read_text().splitlines()]
+    return {Path(a[a.index("--out") + 1]).name: a for a in argvs}
+
+
+def test_every_run_goes_through_train_py_and_the_summary_counts_each_outcome(fake_train, tmp_path):
+    """Issue 12: no grep-based skipping by name. train.py is asked about every planned run (it decides
+    "already done" by run identity); busy (exit 75) and failed runs are counted apart from done ones."""
+    env, calls = fake_train
+    names = [x["name"] for x in plan_rows("smoke")[0]]
+    env.update(OUT=str(tmp_path / "runs" / "smoke"), FAKE_BUSY=names[0], FAKE_FAIL=names[1])
+    first = sweep("--grid", "smoke", "--no-fit", env=env, check=False)
+    assert first.returncode != 0
+    assert "12 configurations: 10 trained now, 0 already done, 0 reused, 1 busy, 1 failed" in first.stdout
+    assert f"busy (locked by another live process; rerun later): {names[0]}" in first.stdout
+    assert f"failed: {names[1]} (exit 1" in first.stdout
+    assert sorted(calls_by_name(calls)) == sorted(names)
+    calls.unlink()
+    env.update(FAKE_BUSY="", FAKE_FAIL="")
+    again = sweep("--grid", "smoke", "--no-fit", env=env)
+    assert "12 configurations: 2 trained now, 10 already done, 0 reused, 0 busy, 0 failed" in again.stdout
+    assert sorted(calls_by_name(calls)) == sorted(names)  # asked again, answered "already done"
+    assert "12 runs, total compute" in (tmp_path / "runs" / "smoke" / "plan.txt").read_text()
+
+
+def test_case_study_sweep_offers_the_sibling_r1_runs_to_train_py_for_reuse(fake_train, tmp_path):
+    """The r = 1 runs of cpu-micro-trunc are cpu-micro's: sweep.sh passes the finished sibling folder as
+    --reuse-from and train.py decides (by identity) whether it is the same run. Issue 12 item 1: the
+    old sweep copied the sibling's row by name alone, even for another dataset."""
+    env, calls = fake_train
+    base = [x["name"] for x in plan_rows("cpu-micro")[0] if x["r"] == 1]
+    for name in base:
+        (tmp_path / "runs" / "cpu-micro" / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / "cpu-micro" / "runs" / name / "final.json").write_text("{}")
+    env.update(OUT=str(tmp_path / "runs" / "cpu-micro-trunc"))
+    proc = sweep("--grid", "cpu-micro-trunc", "--no-fit", env=env)
+    assert "48 configurations: 36 trained now, 0 already done, 12 reused, 0 busy, 0 failed" in proc.stdout
+    by_name = calls_by_name(calls)
+    assert len(by_name) == 48
+    for name, argv in by_name.items():
+        reuse = argv[argv.index("--reuse-from") + 1] if "--reuse-from" in argv else None
+        assert reuse == (str(tmp_path / "runs" / "cpu-micro" / "runs" / name) if name in base else None)
+
+
+@pytest.mark.parametrize("env, reason", [
+    ({"CPU_JOBS": "0", "GPUS": "0"}, "CPU_JOBS must be >= 1"),
+    ({"CPU_JOBS": "-2", "GPUS": "0"}, "CPU_JOBS must be a whole number"),
+    ({"CPU_JOBS": "two", "GPUS": "0"}, "CPU_JOBS must be a whole number"),
+    ({"GPUS": "2", "GPUS_PER_RUN": "0"}, "GPUS_PER_RUN=0 must be in 1..GPUS=2"),
+    ({"GPUS": "2", "GPUS_PER_RUN": "3"}, "GPUS_PER_RUN=3 must be in 1..GPUS=2"),
+    ({"GPUS": "1.5"}, "GPUS must be a whole number"),
+])
+def test_bad_parallelism_is_one_line_and_exit_2_never_a_hang(env, reason, fake_train, tmp_path):
+    """Issue 12 item 6: CPU_JOBS=0 made the old sweep wait for a free slot forever."""
+    full_env, calls = fake_train
+    full_env.update(env, OUT=str(tmp_path / "out"))
+    proc = subprocess.run(["bash", "sweep.sh", "--grid", "smoke", "--no-fit"], cwd=REPO, capture_output=True,
+                          text=True, env=dict(os.environ, **full_env), timeout=60)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"sweep.sh: {reason}")
+    assert len(proc.stderr.strip().splitlines()) == 1 and not calls.exists()
+
+
+def test_data_that_does_not_cover_the_largest_run_is_refused_before_any_run(fake_train, tmp_path):
+    """Issue 13 item 5: a run that reads more tokens than the prepared training split repeats data; the
+    sweep says so before starting anything, with both numbers and how many shards to prepare."""
+    env, calls = fake_train
+    largest = max(plan_rows("smoke")[0], key=lambda x: x["D"])
+    meta = {"vocab_size": 512, "seq_len": 64, "train_tokens": 10_000,
+            "sources": [{"file": "a", "docs": 10, "val_docs": 0}, {"file": "b", "docs": 10, "val_docs": 0},
+                        {"file": "v", "docs": 5, "val_docs": 5}]}
+    Path(env["DATA"], "meta.json").write_text(json.dumps(meta))
+    env.update(OUT=str(tmp_path / "out"))
+    proc = sweep("--grid", "smoke", "--no-fit", env=env, check=False)
+    tokens = flops.tokens_for_budget(flops.ModelConfig(r=largest["r"], scale=largest["s"], head_dim=8, depth=6,
+                                                       prelude=1, coda=1, vocab_size=512, seq_len=64),
+                                     largest["C"], 512)["tokens"]
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert f"reads {tokens:,} tokens" in proc.stderr and "holds 10,000 training tokens" in proc.stderr
+    assert f"prepare >= {math.ceil(tokens / 5000)} training shards" in proc.stderr
+    assert not calls.exists()  # nothing started
+    allowed = sweep("--grid", "smoke", "--no-fit", env=dict(env, ALLOW_REPEAT="1"))
+    assert "12 trained now" in allowed.stdout
+
+
 def test_smoke_sweep_end_to_end_then_idempotent_and_resumable(sample_data, tmp_path):
+    """With the real train.py: data -> train -> results -> fit; a rerun trains nothing (train.py answers
+    "already done" by run identity); a deleted row reruns exactly that run (issue 12 item 5: the old
+    train.py saw final.json and exited 0, so the row stayed missing)."""
     env = {"OUT": str(tmp_path / "sweep"), "DATA": str(sample_data), "CPU_JOBS": "2"}
     first = sweep("--grid", "smoke", env=env)
     results = tmp_path / "sweep" / "results.jsonl"
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     n_runs = len(plan_rows("smoke")[0])
-    assert len(rows) == n_runs and f"{n_runs} run now" in first.stdout
+    assert len(rows) == n_runs and f"{n_runs} trained now" in first.stdout
     fit = json.loads((tmp_path / "sweep" / "fit" / "fit.json").read_text())
     assert math.isfinite(fit["joint"]["phi"]) and "phi" in (tmp_path / "sweep" / "fit" / "report.txt").read_text()
 
     again = sweep("--grid", "smoke", "--no-fit", env=env)
-    assert "0 run now" in again.stdout and len(results.read_text().splitlines()) == n_runs
+    assert f"0 trained now, {n_runs} already done" in again.stdout
+    assert len(results.read_text().splitlines()) == n_runs
 
-    # Drop one row and its finished run: only that configuration runs again.
+    # Drop one row only: train.py sees a finished folder without its row, sets it aside, retrains.
     dropped = rows[3]
     results.write_text("".join(json.dumps(r) + "\n" for r in rows if r is not dropped))
-    (Path(dropped["out"]) / "final.json").unlink()
-    (Path(dropped["out"]) / "ckpt.pt").unlink()
     third = sweep("--grid", "smoke", "--no-fit", env=env)
-    assert "1 run now" in third.stdout and Path(dropped["out"]).name in third.stdout
+    assert f"1 trained now, {n_runs - 1} already done" in third.stdout
+    assert f"done {Path(dropped['out']).name}" in third.stdout
+    assert list(Path(dropped["out"]).glob("superseded-*/final.json"))  # nothing deleted
     new_rows = [json.loads(line) for line in results.read_text().splitlines()]
     assert len(new_rows) == n_runs
     (redone,) = [r for r in new_rows if r["out"] == dropped["out"]]
