@@ -311,7 +311,7 @@ def data_shortfall(max_tokens, meta, data_dir):
     msg = f"the largest run reads {max_tokens:,} tokens but {data_dir} holds {have:,} training tokens"
     if train_files:
         per_file = have / len(train_files)
-        msg += (f" ({len(train_files)} training shard(s), ~{per_file / 1e6:.0f}M tokens each): prepare "
+        msg += (f" ({len(train_files)} training shard(s), ~{per_file / 1e6:.1f}M tokens each): prepare "
                 f">= {math.ceil(max_tokens / per_file)} training shards (prepare_data.py --shards N)")
     else:
         msg += f": prepare {max_tokens / have:.1f}x more training data"
@@ -403,7 +403,8 @@ def main():
             sys.exit(plan(sys.stdin, args.data, args.results, args.flops_per_s))
         cfg = config_from_args(args)
     except ValueError as e:
-        sys.exit(f"flops.py: {e}")
+        print(f"flops.py: {e}", file=sys.stderr)
+        sys.exit(2)
     out = summary(cfg, args.flops, args.batch_tokens, args.phi)
     if args.json:
         print(json.dumps(out))
