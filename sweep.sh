@@ -69,6 +69,7 @@ MODE=run
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
+    --grid|--flops-per-s) [ $# -ge 2 ] || { echo "sweep.sh: $1 needs a value" >&2; exit 2; } ;;&
     --grid) GRID="$2"; shift 2 ;;
     --plan) MODE=plan; shift ;;
     --print) MODE=print; shift ;;
@@ -97,7 +98,7 @@ plan_lines() {
     smoke)     cells=("${SMOKE_CELLS[@]}"); flags="$SMOKE_FLAGS"; rs="1 2 4"; tag=_smoke ;;
     *) echo "sweep.sh: unknown grid '$GRID' (paper|trunc|hyper|depth18|depth24|cpu-micro|cpu-micro-trunc|cpu-micro-hyper|smoke)" >&2; return 2 ;;
   esac
-  local cell budget s r widths more arch name
+  local cell budget s r e more arch name
   for cell in "${cells[@]}"; do
     budget="${cell%%:*}"
     more=""  # the extra (wider) widths at this budget, looped runs only

@@ -19,7 +19,8 @@ TABLE7 = {4.64e17: [6, 8, 10, 12], 1e18: [6, 8, 10, 12, 14], 2.15e18: [8, 10, 12
 
 def sweep(*args, env=None, check=True):
     full_env = dict(os.environ, **(env or {}))
-    proc = subprocess.run(["bash", "sweep.sh", *args], cwd=REPO, capture_output=True, text=True, env=full_env)
+    proc = subprocess.run(["bash", "sweep.sh", *args], cwd=REPO, capture_output=True, text=True, env=full_env,
+                          timeout=1200)  # a hang is a failure, not a stuck suite
     if check:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc
@@ -124,9 +125,12 @@ def test_committed_cpu_micro_results_are_this_grid_and_bracket_every_minimum():
             assert len(cell) >= 4 and 0 < best < len(cell) - 1, (budget, r, cell)
 
 
-def test_unknown_grid_is_refused():
-    proc = sweep("--grid", "nope", "--plan", check=False)
-    assert proc.returncode == 2 and "unknown grid" in proc.stderr
+@pytest.mark.parametrize("args, reason", [(["--grid", "nope", "--plan"], "unknown grid 'nope'"),
+                                          (["--plan", "--grid"], "--grid needs a value"),
+                                          (["--grid", "smoke", "--bogus"], "unknown argument --bogus")])
+def test_bad_arguments_are_refused(args, reason):
+    proc = sweep(*args, check=False)
+    assert proc.returncode == 2 and reason in proc.stderr and len(proc.stderr.splitlines()) == 1
 
 
 def test_sweep_sh_has_no_embedded_python():
