@@ -11,6 +11,7 @@ OUT="${OUT:-runs/lr-calibration}"
 RESULTS="${RESULTS:-dev/results/lr_calibration.jsonl}"
 LRS="${LRS:-0.007 0.014 0.028 0.056 0.112 0.224}"
 [ -f "$DATA/meta.json" ] || { echo "$DATA/meta.json missing: python prepare_data.py --source ../shared/data/micro-corpus --vocab-size 2048 --seq-len 128 --val-fraction 0.02 --out $DATA" >&2; exit 2; }
+[[ "${CPU_JOBS:-2}" =~ ^[1-9][0-9]*$ ]] || { echo "CPU_JOBS must be a whole number >= 1, got '$CPU_JOBS'" >&2; exit 2; }
 mkdir -p "$OUT" "$(dirname "$RESULTS")"
 for r in 1 4; do for lr in $LRS; do echo "$r $lr"; done; done |
   OMP_NUM_THREADS=1 xargs -P "${CPU_JOBS:-2}" -L 1 bash -c 'python3 train.py --data '"$DATA"' --r $0 --scale 0.5 \
