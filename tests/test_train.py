@@ -1,8 +1,11 @@
 """train.py end to end on CPU with tiny models and the real FineWeb-Edu sample: it learns, one row per
 run is complete and agrees with flops.py, DDP equals one process, and a killed run resumes exactly."""
+import hashlib
 import json
 import math
 import os
+import fcntl
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import flops
 import prepare_data
@@ -61,6 +65,14 @@ def test_learns_beyond_unigram_and_writes_a_complete_row(sample_data, tmp_path):
     assert row["n_params"] == flops.param_counts(cfg)["n_params"] and row["flops_budget"] == 4e10
     assert row["val_loss"] < unigram_cross_entropy(sample_data) - 0.3
     assert json.loads((tmp_path / "run" / "final.json").read_text()) == row
+    # The row names its run: identity (config, horizon, LRs, seed, eval rows, dtype, data) and its hash.
+    assert row["finished"] is True and set(row["identity"]) == {
+        "model", "horizon", "lrs", "base_lrs", "lr_rule", "seed", "eval_rows", "dtype", "data"}
+    assert row["identity"]["data"] == prepare_data.data_identity(prepare_data.read_meta(sample_data))
+    assert row["run_id"] == hashlib.sha256(json.dumps(row["identity"], sort_keys=True, separators=(",", ":"))
+                                           .encode()).hexdigest()
+    assert json.loads((tmp_path / "run" / "run.json").read_text()) == {"run_id": row["run_id"],
+                                                                       "identity": row["identity"]}
 
 
 @pytest.mark.parametrize("extra", [
@@ -121,7 +133,7 @@ def test_killed_run_resumes_exactly(sample_data, tmp_path):
     # Nor is it continued with another horizon (the LR schedule would silently change).
     other = [a if a != "15360" else "20480" for a in args]
     mismatch = run_cli(*other, "--out", str(out), "--resume")
-    assert mismatch.returncode == 2 and "another configuration or horizon" in mismatch.stderr
+    assert mismatch.returncode == 2 and "differs in horizon.steps (30 -> 40)" in mismatch.stderr
     resumed = run_cli(*args, "--out", str(out), "--resume")
     assert resumed.returncode == 0 and f"resumed {out / 'ckpt.pt'} at step {stopped_at}/30" in resumed.stdout
     ref, got = losses(tmp_path / "ref"), losses(out)
@@ -132,7 +144,7 @@ def test_killed_run_resumes_exactly(sample_data, tmp_path):
     assert got_row["val_loss"] == ref_row["val_loss"]
     # A finished run is never retrained by accident.
     again = run_cli(*args, "--out", str(out), "--resume")
-    assert again.returncode == 0 and "already holds a finished run" in again.stdout
+    assert again.returncode == 0 and again.stdout.startswith("already done:")
 
 
 @pytest.mark.parametrize("bad, reason", [
@@ -142,10 +154,20 @@ def test_killed_run_resumes_exactly(sample_data, tmp_path):
     (["--flops", "1e12", "--tokens", "1000"], "only one of"),
     (["--seq-len", "128"], "does not match the data"),
     (["--device-batch", "3"], "does not divide"),
+    (["--batch-tokens", "0"], "--batch-tokens: expected an integer >= 1"),
+    (["--log-every", "0"], "--log-every: expected an integer >= 1"),
+    (["--device-batch", "-4"], "--device-batch: expected an integer >= 0"),
+    (["--save-every", "-1"], "--save-every: expected an integer >= 0"),
+    (["--eval-rows", "0"], "--eval-rows: expected an integer >= 1"),
+    (["--eval-r", "2,x"], "--eval-r: expected positive loop counts"),
+    (["--lr-matrix", "nan"], "--lr-matrix: expected a finite number"),
+    (["--dtype", "float16"], "invalid choice"),
 ])
-def test_bad_flags_fail_fast_with_reason(sample_data, tmp_path, bad, reason):
-    proc = run_cli("train.py", "--data", str(sample_data), *TINY, "--out", str(tmp_path / "x"), *bad)
-    assert proc.returncode == 2 and reason in proc.stderr
+def test_bad_flags_fail_fast_with_one_line(sample_data, tmp_path, capsys, bad, reason):
+    with pytest.raises(SystemExit) as exit_:
+        run_inprocess(sample_data, tmp_path / "x", "--tokens", "2048", *bad)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and reason in err and err.count("\n") == 1, err
     assert not (tmp_path / "x").exists()
 
 
@@ -154,9 +176,163 @@ def test_missing_data_says_how_to_make_it(tmp_path):
     assert proc.returncode == 2 and "prepare_data.py" in proc.stderr
 
 
-def test_divergence_stops_and_keeps_last_good_checkpoint(sample_data, tmp_path):
+@pytest.mark.parametrize("lrs, why", [
+    (["--lr-norm", "1e8"], "the weights are no longer finite"),
+    (["--lr-norm", "1e30", "--lr-embedding", "1e30"], "the weights are no longer finite"),
+    (["--lr-unembedding", "30"], "steps above"),  # 12-17 nats, no NaN (uniform: 6.2)
+])
+def test_divergence_stops_without_a_row_and_keeps_only_finite_checkpoints(sample_data, tmp_path, capsys, lrs, why):
+    """Old: the NaN check read the loss before the optimiser step, so the step that made the
+    weights non-finite was checkpointed (resume then failed at once); a run sitting 10 nats above
+    the uniform loss without NaN wrote its row as if fine."""
+    out, results = tmp_path / "run", tmp_path / "results.jsonl"
+    code = run_inprocess(sample_data, out, "--r", "2", "--tokens", "40960", "--save-every", "1",
+                         "--results", str(results), *lrs)
+    assert code == 1 and why in capsys.readouterr().err
+    assert results.read_text() == "" and not (out / "final.json").exists()
+    weights = torch.load(out / "ckpt.pt", weights_only=True)["model"]  # the last finite one
+    assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+# ----------------------------------------------------------------------------------------------
+# Results you can trust (issue 12): every test below reproduces a way the old train.py produced
+# a wrong, missing or duplicated result without an error.
+
+def derived_dataset(sample_data, dest, train_rows=None, flip_bytes=False):
+    """A copy of the sample dataset. train_rows: keep only the first rows of train.bin and record
+    its new size and checksum (a different, valid dataset). flip_bytes: change train.bin behind
+    meta.json's back (a corrupted dataset)."""
+    shutil.copytree(sample_data, dest)
+    meta = json.loads((dest / "meta.json").read_text())
+    rows = np.fromfile(dest / "train.bin", dtype=np.uint16).reshape(-1, meta["row_len"])
+    if flip_bytes:
+        rows[: len(rows) // 10, 1:] = (rows[: len(rows) // 10, 1:] + 1) % meta["vocab_size"]
+    if train_rows:
+        rows = rows[:train_rows]
+        meta.update(train_rows=train_rows, train_tokens=int(rows.size))
+    rows.tofile(dest / "train.bin")
+    if not flip_bytes:
+        meta["train_sha256"] = prepare_data.sha256_file(dest / "train.bin")
+    (dest / "meta.json").write_text(json.dumps(meta))
+    return dest
+
+
+def stopped_after_one_step(sample_data, out, monkeypatch, *extra):
+    """Run until the first step's SIGTERM check: a checkpoint at step 1, exit 143."""
+    monkeypatch.setattr(train, "stop_requested", [signal.SIGTERM])
+    assert run_inprocess(sample_data, out, "--r", "2", "--tokens", "5120", *extra) == 143
+    monkeypatch.setattr(train, "stop_requested", [])
+
+
+def exit_code(fn, *args):
+    with pytest.raises(SystemExit) as exit_:
+        fn(*args)
+    return exit_.value.code
+
+
+def test_resume_refuses_a_checkpoint_of_other_data_lr_or_seed(sample_data, tmp_path, monkeypatch, capsys):
+    """Old: --resume checked only the model config and step count, so a checkpoint continued
+    under other data, LRs or seed, and the row recorded only the new flags."""
     out = tmp_path / "run"
-    code = run_inprocess(sample_data, out, "--r", "2", "--tokens", "10240", "--save-every", "2",
-                         "--lr-norm", "1e30", "--lr-embedding", "1e30")
-    assert code == 1
-    assert (out / "ckpt.pt").exists() and not (out / "final.json").exists()
+    stopped_after_one_step(sample_data, out, monkeypatch)
+    other_data = derived_dataset(sample_data, tmp_path / "other", train_rows=2000)
+    for data, extra, key in [(sample_data, ["--seed", "1"], "seed (0 -> 1)"),
+                             (sample_data, ["--lr-matrix", "0.02"], "base_lrs.matrix (0.014 -> 0.02)"),
+                             (other_data, [], "data.train_sha256")]:
+        code = exit_code(train.main, ["--data", str(data), "--out", str(out), *TINY, "--r", "2", "--tokens", "5120",
+                                      "--resume", *extra])
+        assert code == 2 and key in capsys.readouterr().err
+    assert run_inprocess(sample_data, out, "--r", "2", "--tokens", "5120", "--resume") == 0
+
+
+def test_corrupted_dataset_is_refused_before_training(sample_data, tmp_path, capsys):
+    """Old: 10% of train.bin's tokens rewritten trained to exit 0 and a row."""
+    bad = derived_dataset(sample_data, tmp_path / "bad", flip_bytes=True)
+    code = exit_code(train.main, ["--data", str(bad), "--out", str(tmp_path / "run"), *TINY, "--tokens", "2048"])
+    assert code == 2 and "sha256" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_unwritable_results_path_fails_before_compute(sample_data, tmp_path, capsys):
+    """Old: --results was first opened after all the compute, and failed with a traceback."""
+    (tmp_path / "file").write_text("not a folder")
+    code = exit_code(run_inprocess, sample_data, tmp_path / "run", "--tokens", "2048",
+                     "--results", str(tmp_path / "file" / "results.jsonl"))
+    assert code == 2 and "cannot write the outputs" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "log.jsonl").exists() and not (tmp_path / "run" / "ckpt.pt").exists()
+
+
+def test_checkpoints_load_without_running_code(sample_data, tmp_path, capsys):
+    """Old: torch.load(weights_only=False) ran whatever a shared ckpt.pt pickled."""
+    class Payload:
+        def __reduce__(self):
+            return open, (str(tmp_path / "pwned"), "w")
+    (tmp_path / "run").mkdir()
+    torch.save({"model": Payload()}, tmp_path / "run" / "ckpt.pt")
+    code = exit_code(run_inprocess, sample_data, tmp_path / "run", "--tokens", "2048", "--resume")
+    assert code == 2 and "cannot be loaded" in capsys.readouterr().err and not (tmp_path / "pwned").exists()
+
+
+def test_full_disk_leaves_no_half_row_and_a_rerun_writes_it(sample_data, tmp_path, monkeypatch, capsys):
+    """Old: a short write left 1/3 of a row without a newline, exit 0 and final.json (so the run
+    was never retrained); a kill between the last checkpoint and the row gave null train_loss."""
+    results, out = tmp_path / "results.jsonl", tmp_path / "run"
+    results.write_text('{"earlier": "row"}\n')
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, data[: len(data) // 3]))
+    code = exit_code(run_inprocess, sample_data, out, "--r", "2", "--tokens", "2048", "--results", str(results))
+    monkeypatch.setattr(os, "write", real_write)
+    assert code == 1 and "short write" in capsys.readouterr().err
+    assert results.read_text() == '{"earlier": "row"}\n' and not (out / "final.json").exists()
+    assert run_inprocess(sample_data, out, "--r", "2", "--tokens", "2048", "--results", str(results), "--resume") == 0
+    earlier, row = map(json.loads, results.read_text().splitlines())
+    assert row["finished"] and math.isfinite(row["train_loss"]) and math.isfinite(row["tokens_per_s"])
+
+
+def test_second_trainer_on_a_locked_folder_is_busy(sample_data, tmp_path, capsys):
+    """Old: two writers on one --out (two sweeps, a requeued job) both trained and both wrote rows."""
+    (tmp_path / "run").mkdir()
+    with open(tmp_path / "run" / ".lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what a live train.py holds
+        assert run_inprocess(sample_data, tmp_path / "run", "--tokens", "2048") == 75
+    assert capsys.readouterr().out.startswith("busy:") and not (tmp_path / "run" / "log.jsonl").exists()
+
+
+def test_deleted_row_reruns_and_a_present_row_is_done(sample_data, tmp_path, capsys):
+    """Old: final.json alone meant 'finished', so deleting a row never brought it back."""
+    results, out = tmp_path / "results.jsonl", tmp_path / "run"
+    assert run_inprocess(sample_data, out, "--tokens", "2048", "--results", str(results)) == 0
+    first = json.loads(results.read_text())
+    assert run_inprocess(sample_data, out, "--tokens", "2048", "--results", str(results)) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("already done:")
+    results.write_text("")
+    assert run_inprocess(sample_data, out, "--tokens", "2048", "--results", str(results)) == 0
+    (row,) = map(json.loads, results.read_text().splitlines())
+    (old,) = out.glob("superseded-*")
+    assert row["run_id"] == first["run_id"] and json.loads((old / "final.json").read_text()) == first
+
+
+def test_reuse_from_needs_the_exact_identity(sample_data, tmp_path, capsys):
+    """Old: a sweep reused sibling runs by name, so another dataset's rows were taken as done."""
+    base = tmp_path / "base"
+    assert run_inprocess(sample_data, base, "--tokens", "2048", "--results", str(tmp_path / "a.jsonl")) == 0
+    assert run_inprocess(sample_data, tmp_path / "same", "--tokens", "2048", "--reuse-from", str(base),
+                         "--results", str(tmp_path / "b.jsonl")) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"reused: {base}"
+    (reused,) = map(json.loads, (tmp_path / "b.jsonl").read_text().splitlines())
+    assert reused["run_id"] == json.loads((base / "final.json").read_text())["run_id"]
+    assert reused["out"] == str(tmp_path / "same")
+    other_data = derived_dataset(sample_data, tmp_path / "other", train_rows=2000)
+    assert train.main(["--data", str(other_data), "--out", str(tmp_path / "other_run"), *TINY, "--tokens", "2048",
+                       "--reuse-from", str(base), "--results", str(tmp_path / "b.jsonl")]) == 0
+    assert "reused" not in capsys.readouterr().out
+    rows = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and rows[1]["identity"]["data"]["train_sha256"] != reused["identity"]["data"]["train_sha256"]
+
+
+def test_a_run_that_repeats_data_says_so(sample_data, tmp_path, capsys):
+    """Old: only the row's `epochs` field recorded that the data ran out (issue 13, item 5)."""
+    small = derived_dataset(sample_data, tmp_path / "small", train_rows=20)
+    assert train.main(["--data", str(small), "--out", str(tmp_path / "run"), *TINY, "--tokens", "2048"]) == 0
+    err = capsys.readouterr().err
+    assert "reads 2,048 tokens but" in err and "holds 1,300 training tokens" in err and "repeats data" in err
+    assert json.loads((tmp_path / "run" / "final.json").read_text())["data_meta"]["epochs"] > 1
