@@ -1,0 +1,113 @@
+"""dev/gpu_check.sh: the one-shot GPU check runs end to end on CPU at toy size before anyone spends
+GPU time on it — every configuration trains, reports finite numbers and lands in the JSON and the
+table — and a failing, out-of-memory or out-of-time configuration is recorded while the rest go on."""
+import importlib.util
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("gpu_check", REPO / "dev" / "gpu_check.py")
+gpu_check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_check)
+NAMES = [c["name"] for c in gpu_check.CONFIGS]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """bash dev/gpu_check.sh --tiny with $OUT set, as the device tool runs it."""
+    out = tmp_path_factory.mktemp("gpu_check")
+    proc = subprocess.run(["bash", "dev/gpu_check.sh", "--tiny", "--device", "cpu"], cwd=REPO, capture_output=True,
+                          text=True, env=dict(os.environ, OUT=str(out)))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads((out / "gpu_check_tiny.json").read_text()), (out / "gpu_check_tiny.txt").read_text(), proc.stdout
+
+
+def test_the_plan_is_the_issue_13_grid():
+    """s = 10 and 24 x (r = 1, r = 4, r = 4 with r_bwd = 2) x (eager, compiled), eager first."""
+    combos = {(c["scale"], c["r"], c["r_bwd"], c["compiled"]) for c in gpu_check.CONFIGS}
+    assert combos == {(s, r, rb, comp) for s in (10, 24) for r, rb in ((1, 1), (4, 4), (4, 2)) for comp in (False, True)}
+    assert len(NAMES) == 12 == len(set(NAMES))
+    assert [c["compiled"] for c in gpu_check.CONFIGS] == [False] * 6 + [True] * 6
+
+
+def test_tiny_run_measures_every_configuration(tiny_run):
+    report, _, _ = tiny_run
+    assert [row["name"] for row in report["configs"]] == NAMES
+    for row in report["configs"]:
+        assert row["status"] == "ok", row
+        assert math.isfinite(row["tokens_per_s"]) and row["tokens_per_s"] > 0
+        assert row["timed_steps"] == 2 and row["rows"] == 2 and row["seq_len"] == 64
+        for key in ("loss_first", "loss_last", "loss_bf16", "loss_fp32", "fwd_bwd_s", "optimizer_s", "first_step_s"):
+            assert math.isfinite(row[key]), (row["name"], key)
+        # Random tokens over 512 ids: the first loss is near ln(512) = 6.24, and training on the one
+        # fixed batch lowers it, so the optimiser step really moved the weights.
+        assert abs(row["loss_first"] - math.log(512)) < 0.1
+        assert row["loss_last"] < row["loss_first"] - 0.1
+        assert abs(row["loss_bf16_minus_fp32"]) < 0.05  # bf16 autocast changes the loss only by rounding
+        assert row["mfu"] is None and row["peak_mem_gib"] is None  # CPU: no peak FLOP/s, no CUDA memory
+    env = report["environment"]
+    assert env["torch"] == torch.__version__ and env["device"] == "cpu" and env["attention_backend"] == "sdpa"
+    assert "random tokens" in report["data"]
+
+
+def test_compiled_step_is_one_graph_and_matches_eager(tiny_run):
+    """Dynamo traces the whole model (the no_grad loops of truncated BPTT included) as one graph,
+    and the compiled model computes the eager model's loss."""
+    rows = {row["name"]: row for row in tiny_run[0]["configs"]}
+    for name in NAMES:
+        if name.endswith("_compiled"):
+            assert rows[name]["compiled_graphs"] == 1 and rows[name]["graph_breaks"] == 0, name
+            assert rows[name]["compile_s"] > 0
+            eager = rows[name.replace("_compiled", "_eager")]
+            assert rows[name]["loss_first"] == pytest.approx(eager["loss_first"], abs=1e-4)
+        else:
+            assert rows[name]["compile_s"] is None
+
+
+def test_table_has_a_line_per_configuration(tiny_run):
+    _, table, stdout = tiny_run
+    assert "random tokens" in table and "configuration" in table
+    for name in NAMES:
+        line = next(line for line in table.splitlines() if line.startswith(name + " "))
+        assert len(line.split()) == 11, line  # name rows tok/s MFU @2^18 fwd+bwd optim compile peak loss diff
+    assert table.strip() in stdout
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    for bad in (["--steps", "0"], ["--only", "s12_r1_eager"], ["--max-seconds", "0"], ["--device", "tpu"]):
+        assert gpu_check.main(["--tiny", "--out", str(tmp_path), *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("gpu_check.py: ") and len(err.strip().splitlines()) == 1, err
+    assert not list(tmp_path.iterdir())  # refused before any work
+
+
+def test_a_failing_configuration_is_recorded_and_the_rest_go_on(tmp_path, monkeypatch):
+    """A crash is recorded with its message; out-of-memory halves the rows and retries."""
+    real_measure = gpu_check.measure
+
+    def flaky_measure(spec, rows, args, device):
+        if spec["name"] == "s10_r1_eager":
+            raise RuntimeError("Triton compilation failed\nlong traceback")
+        if rows > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20 GiB")
+        return real_measure(spec, rows, args, device)
+
+    monkeypatch.setattr(gpu_check, "measure", flaky_measure)
+    assert gpu_check.main(["--tiny", "--device", "cpu", "--out", str(tmp_path), "--only", "s10_r1_eager,s24_r4_bwd2_eager"]) == 0
+    failed, survived = json.loads((tmp_path / "gpu_check_tiny.json").read_text())["configs"]
+    assert failed["status"] == "failed" and failed["error"] == "RuntimeError: Triton compilation failed"
+    assert survived["status"] == "ok" and survived["rows"] == 1 and math.isfinite(survived["tokens_per_s"])
+    assert "s10_r1_eager" in (tmp_path / "gpu_check_tiny.txt").read_text()
+
+
+def test_out_of_time_configurations_are_skipped_and_written(tmp_path):
+    assert gpu_check.main(["--tiny", "--device", "cpu", "--out", str(tmp_path), "--max-seconds", "1e-9"]) == 0
+    report = json.loads((tmp_path / "gpu_check_tiny.json").read_text())
+    assert [row["status"] for row in report["configs"]] == ["skipped"] * 12
+    assert report["configs"][0]["error"] == "--max-seconds 1e-09 would be exceeded"
