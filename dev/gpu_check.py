@@ -57,6 +57,7 @@ from pathlib import Path
 
 import torch
 from torch._dynamo.utils import counters
+from torch.nn.attention import SDPBackend
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import flops  # noqa: E402
@@ -80,7 +81,7 @@ def sync(device):
 
 
 def environment(device):
-    """Versions, device and which SDPA kernels accept a bf16 causal call at head dim 128."""
+    """Versions, the device and its peak, the attention backend and SDPA kernel."""
     env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
            "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -92,13 +93,11 @@ def environment(device):
     if device.type == "cuda":
         env["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
         env["peak_bf16_flops"] = flops.peak_flops(env["device"])
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        q = torch.randn(1, 8, 256, 128, device=device, dtype=torch.bfloat16)
-        env["sdpa_kernels_usable"] = []
-        for kernel in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
-            with contextlib.suppress(RuntimeError), sdpa_kernel([kernel]):
-                torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
-                env["sdpa_kernels_usable"].append(kernel.name)
+    # Which kernel SDPA runs for a causal call at head dim 128 (bf16 on the GPU): FLASH_ATTENTION,
+    # CUDNN_ATTENTION, EFFICIENT_ATTENTION or MATH. A private helper; without it the check goes on.
+    q = torch.randn(1, 8, 256, 128, device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    with contextlib.suppress(Exception):
+        env["sdpa_kernel"] = SDPBackend(torch._fused_sdp_choice(q, q, q, is_causal=True)).name
     return env
 
 
@@ -115,8 +114,9 @@ def measure(spec, rows, args, device):
     lrs = learning_rates(cfg.d_model, REF_BATCH_TOKENS, tokens_ref, tokens_ref)
     ns_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # as train.py
     optimizers = [o for o in build_optimizers(model.param_groups(), lrs, compute_dtype=ns_dtype) if o]
-    # Like train.py; the dynamo reset makes every compile start cold, as in a fresh train.py process
-    # (otherwise the second model's new shapes would be recompiled as dynamic).
+    # Like train.py. The Dynamo reset starts every compile from scratch, as in a fresh train.py process
+    # (otherwise the next model's new shapes would be recompiled as dynamic); inductor's on-disk
+    # kernel caches stay, as they would on a node.
     if spec["compiled"]:
         torch._dynamo.reset()
         counters.clear()
@@ -152,10 +152,7 @@ def measure(spec, rows, args, device):
     graphs = counters["stats"]["unique_graphs"] if spec["compiled"] else None
     graph_breaks = sum(counters["graph_break"].values()) if spec["compiled"] else None
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
-    with torch.no_grad():
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss_bf16 = model(x, y).item()
-        loss_fp32 = model(x, y).item()
+    losses_bf16_fp32 = bf16_vs_fp32(model, x, y, device)
     fwd_bwd_s, optimizer_s = statistics.median(fwd_bwd), statistics.median(opt_time)
     step_s, tokens = fwd_bwd_s + optimizer_s, rows * cfg.seq_len
     accum = max(1, REF_BATCH_TOKENS // tokens)
@@ -167,13 +164,29 @@ def measure(spec, rows, args, device):
                 at_2p18_tokens_per_s=at_2p18, at_2p18_mfu=flops.mfu(cfg, at_2p18, 1, args.device_name),
                 compiled_graphs=graphs, graph_breaks=graph_breaks, first_step_s=first_step_s,
                 compile_s=first_step_s - step_s if spec["compiled"] else None,
-                peak_mem_gib=peak, loss_first=losses[0], loss_last=losses[-1], loss_bf16=loss_bf16,
-                loss_fp32=loss_fp32, loss_bf16_minus_fp32=loss_bf16 - loss_fp32)
+                peak_mem_gib=peak, loss_first=losses[0], loss_last=losses[-1], **losses_bf16_fp32)
+
+
+def bf16_vs_fp32(model, x, y, device):
+    """The eager model's loss on (x, y) with and without bf16 autocast. A failure here (e.g. a model
+    that only runs under autocast on the GPU) is recorded without discarding the speed numbers."""
+    try:
+        with torch.no_grad():
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss_bf16 = model(x, y).item()
+            loss_fp32 = model(x, y).item()
+    except Exception as e:
+        return dict(loss_bf16=None, loss_fp32=None, loss_bf16_minus_fp32=None, loss_check_error=first_line(e))
+    return dict(loss_bf16=loss_bf16, loss_fp32=loss_fp32, loss_bf16_minus_fp32=loss_bf16 - loss_fp32)
+
+
+def first_line(error):
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
 
 
 def run_config(spec, args, device):
     """One configuration, halving the rows on out-of-memory; errors are recorded, never raised."""
-    row, rows, started = dict(spec), spec["rows"] if not args.tiny else 2, time.time()
+    row, rows, started = dict(spec), spec["rows"], time.time()
     while True:
         row.update(rows=rows, status="ok", error=None)
         try:
@@ -183,8 +196,7 @@ def run_config(spec, args, device):
             row["warnings"] = sorted({f"{w.category.__name__}: {str(w.message).strip()[:300]}" for w in caught})
         except Exception as e:  # a compile error or a crash in one configuration must not stop the others
             oom = isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
-            first_line = (str(e).strip().splitlines() or [""])[0][:300]
-            row.update(status="failed", error=f"out of memory at {rows} rows" if oom else f"{type(e).__name__}: {first_line}")
+            row.update(status="failed", error=f"out of memory at {rows} rows" if oom else first_line(e))
         torch._dynamo.reset()  # drop compiled graphs (they hold the model) before the next configuration
         gc.collect()
         if device.type == "cuda":
@@ -198,7 +210,7 @@ def run_config(spec, args, device):
 
 def cell(value, width, spec):
     """A right-aligned table cell; '-' where the value does not exist (no MFU on CPU, eager compile time)."""
-    return "-".rjust(width) if value is None else format(value, f">{width}{spec}")
+    return ("-" if value is None else format(value, spec)).rjust(width)
 
 
 def write_outputs(out, stem, report):
@@ -207,7 +219,7 @@ def write_outputs(out, stem, report):
     (out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
     env = report["environment"]
     lines = [f"{env['device']} | torch {env['torch']} (CUDA {env['cuda']}) | attention {env['attention_backend']}"
-             + (f" (SDPA kernels usable: {', '.join(env['sdpa_kernels_usable'])})" if "sdpa_kernels_usable" in env else ""),
+             f" (SDPA kernel {env.get('sdpa_kernel', 'unknown')})",
              report["data"], "",
              f"{'configuration':<22}{'rows':>5}{'tok/s':>10}{'MFU':>7}{'@2^18 MFU':>10}{'fwd+bwd s':>10}"
              f"{'optim s':>9}{'compile s':>10}{'peak GiB':>9}{'loss first>last':>17}{'bf16-fp32':>11}"]
@@ -218,10 +230,13 @@ def write_outputs(out, stem, report):
         lines.append(f"{row['name']:<22}{row['rows']:>5}{row['tokens_per_s']:>10,.0f}{cell(row['mfu'], 7, '.1%')}"
                      f"{cell(row['at_2p18_mfu'], 10, '.1%')}{row['fwd_bwd_s']:>10.3f}{row['optimizer_s']:>9.3f}"
                      f"{cell(row['compile_s'], 10, '.1f')}{cell(row['peak_mem_gib'], 9, '.1f')}"
-                     f"{row['loss_first']:>9.3f}>{row['loss_last']:<7.3f}{row['loss_bf16_minus_fp32']:>+11.4f}")
+                     f"{row['loss_first']:>9.3f}>{row['loss_last']:<7.3f}{cell(row['loss_bf16_minus_fp32'], 11, '+.4f')}")
     lines.append(f"\ntotal {report['wall_s']:.0f} s. MFU = flops.py F x tokens/s / "
                  + (f"{env['peak_bf16_flops']:.3g} FLOP/s" if env.get("peak_bf16_flops") else "peak (none known for this device)")
                  + "; @2^18 = projected with gradient accumulation to the paper's 2^18-token batch")
+    for row in report["configs"]:
+        if row.get("loss_check_error"):
+            lines.append(f"bf16-vs-fp32 loss check failed ({row['name']}): {row['loss_check_error']}")
     for text in sorted({w for row in report["configs"] for w in row.get("warnings", [])}):
         lines.append(f"warning ({', '.join(r['name'] for r in report['configs'] if text in r.get('warnings', []))}): {text}")
     (out / f"{stem}.txt").write_text("\n".join(lines) + "\n")
@@ -267,6 +282,7 @@ def main(argv=None):
     for spec in CONFIGS:
         if only and spec["name"] not in only:
             continue
+        spec = dict(spec, rows=2) if args.tiny else spec
         if time.time() + spent[spec["compiled"]] > args.deadline:
             row = dict(spec, status="skipped", error=f"--max-seconds {args.max_seconds:g} would be exceeded")
         else:

@@ -111,3 +111,17 @@ def test_out_of_time_configurations_are_skipped_and_written(tmp_path):
     report = json.loads((tmp_path / "gpu_check_tiny.json").read_text())
     assert [row["status"] for row in report["configs"]] == ["skipped"] * 12
     assert report["configs"][0]["error"] == "--max-seconds 1e-09 would be exceeded"
+
+
+def test_a_failing_loss_check_keeps_the_speed_numbers():
+    """A model that only runs under autocast (fp32 forward raises) loses the loss comparison, not the row."""
+    class AutocastOnly(torch.nn.Module):
+        def forward(self, x, y):
+            if not torch.is_autocast_enabled("cpu"):
+                raise RuntimeError("mat1 and mat2 must have the same dtype")
+            return torch.tensor(1.0)
+
+    x = torch.zeros(1, 4, dtype=torch.long)
+    result = gpu_check.bf16_vs_fp32(AutocastOnly(), x, x, torch.device("cpu"))
+    assert result["loss_bf16_minus_fp32"] is None
+    assert result["loss_check_error"] == "RuntimeError: mat1 and mat2 must have the same dtype"
