@@ -225,6 +225,29 @@ def test_case_study_sweep_offers_the_sibling_r1_runs_to_train_py_for_reuse(fake_
         assert reuse == (str(tmp_path / "runs" / "cpu-micro" / "runs" / name) if name in base else None)
 
 
+def test_gpu_slots_get_their_own_devices_and_rendezvous_ports(fake_train, tmp_path):
+    """GPUS=4, GPUS_PER_RUN=2: two runs at a time, each on its own pair of devices and its own torchrun
+    port (a fake torchrun on PATH records what it was given and runs the fake train.py)."""
+    env, calls = fake_train
+    torchrun = tmp_path / "bin" / "torchrun"
+    torchrun.parent.mkdir()
+    torchrun.write_text(f"""#!/usr/bin/env bash
+echo "$CUDA_VISIBLE_DEVICES $1 $2 $3" >> {tmp_path}/torchrun.txt
+while [ "$1" != -- ]; do shift; done; shift 2
+exec {sys.executable} {tmp_path}/fake_train.py "$@"
+""")
+    torchrun.chmod(0o755)
+    env.update(OUT=str(tmp_path / "out"), GPUS="4", GPUS_PER_RUN="2", PATH=f"{torchrun.parent}:{os.environ['PATH']}")
+    proc = sweep("--grid", "smoke", "--no-fit", env=env)
+    assert "12 configurations: 12 trained now" in proc.stdout
+    launches = [line.split() for line in (tmp_path / "torchrun.txt").read_text().splitlines()]
+    assert len(launches) == 12
+    for devices, backend, endpoint, nproc in launches:
+        slot = {"0,1": 0, "2,3": 1}[devices]
+        assert (backend, endpoint, nproc) == ("--rdzv-backend=c10d", f"--rdzv-endpoint=localhost:{29500 + slot}",
+                                              "--nproc_per_node=2")
+
+
 @pytest.mark.parametrize("env, reason", [
     ({"CPU_JOBS": "0", "GPUS": "0"}, "CPU_JOBS must be >= 1"),
     ({"CPU_JOBS": "-2", "GPUS": "0"}, "CPU_JOBS must be a whole number"),
