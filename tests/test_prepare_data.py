@@ -1,11 +1,13 @@
 """
-Offline tests of prepare_data.py: downloads from a local HTTP server (including a dropped
-connection that must resume with Range, and a server sending garbage), best-fit packing
-invariants, both tokenizers, the bad-input errors, and the RowLoader's rank/resume semantics.
+Offline tests of prepare_data.py: downloads from a local HTTP server (a dropped connection resumes
+with Range, garbage is refused, the paper's Llama-2 path end to end with a tiny SentencePiece model),
+best-fit packing in both modes, the micro-corpus rows pinned byte for byte, both tokenizers, damaged
+datasets and bad input as one-line errors, and the RowLoader's rank/resume semantics.
 
 The FineWeb-Edu sample lives in shared/data next to the repository; tests that need it are
 skipped with a message when it is absent. Small vocabularies and short rows keep this fast.
 """
+import contextlib
 import hashlib
 import http.server
 import io
@@ -42,12 +44,14 @@ def build(out, *args, workers=1):
 
 
 def error_of(*args):
-    """Run main expecting a bad-input failure; return the one-line message."""
-    with pytest.raises(SystemExit) as e:
+    """Run main expecting a bad-input failure (exit 2, one line on stderr); return that line."""
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as e, contextlib.redirect_stderr(err):
         pdata.main(list(map(str, args)))
-    message = str(e.value.code)
-    assert message.startswith("prepare_data.py: error:") and "\n" not in message
-    return message
+    last = err.getvalue().strip().splitlines()[-1]
+    assert e.value.code == 2 and last.startswith("prepare_data.py: error:")
+    assert "Traceback" not in err.getvalue()
+    return last
 
 
 def contains(haystack, needle):
@@ -65,7 +69,8 @@ def fast_retries(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# Local HTTP server: /<mode>/<file> serves shared/data/fineweb-edu-sample/<file>
+# Local HTTP server: /<mode>/<file> serves server.files[<file>] or shared/data/fineweb-edu-sample/
+# <file>; the dataset's last shard (the fixed validation split) is the sample's shard_00001
 #   ok        plain server with Range support
 #   drop      first request promises the whole file, sends half, hangs up; later ones honour Range
 #   dropnorange  like drop, but later requests ignore Range and send the whole file (200)
@@ -83,10 +88,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         log.append((mode, name, self.headers.get("Range")))
         if mode == "garbage":
             return self.reply(200, b"<html>rate limited, try later</html>\n" * 100)
-        path = SAMPLE / name
-        if not path.is_file():
+        path = SAMPLE / {"shard_01822.parquet": "shard_00001.parquet"}.get(name, name)
+        if name not in self.server.files and not path.is_file():
             return self.reply(404, b"not found")
-        data = path.read_bytes()
+        data = self.server.files.get(name) or path.read_bytes()
         start = 0
         if self.headers.get("Range") and mode != "dropnorange":
             start = int(self.headers["Range"].split("=")[1].split("-")[0])
@@ -117,7 +122,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def server():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    srv.requests = []
+    srv.requests, srv.files = [], {}
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield srv
@@ -147,26 +152,27 @@ def built(tmp_path_factory):
 @needs_sample
 def test_download_build_rerun_is_cached_and_deterministic(server, tmp_path):
     dl = tmp_path / "raw"
-    common = ["--base-url", url(server, "ok"), "--shards", 1, "--val-shards", 1,
-              "--download-dir", dl, "--vocab-size", 512, "--seq-len", 64]
+    common = ["--base-url", url(server, "ok"), "--shards", 1, "--val-shards", 1, "--download-dir", dl,
+              "--tokenizer", "bpe", "--packing", "split", "--vocab-size", 512, "--seq-len", 64]
     meta = build(tmp_path / "a", *common)
-    for name in ("shard_00000.parquet", "shard_00001.parquet"):
-        assert (dl / name).read_bytes() == (SAMPLE / name).read_bytes()
+    for name, sample in (("shard_00000.parquet", "shard_00000.parquet"),
+                         ("shard_01822.parquet", "shard_00001.parquet")):
+        assert (dl / name).read_bytes() == (SAMPLE / sample).read_bytes()
     assert not list(dl.glob("*.tmp"))
-    assert meta["split"] == {"val_files": ["shard_00001.parquet"]}
+    assert meta["split"] == {"val_files": ["shard_01822.parquet"]}  # the dataset's last shard
     assert (meta["train_docs"], meta["val_docs"]) == (130, 20)
-    assert [s["bytes"] for s in meta["sources"]] == [155000, 23395]
+    assert meta["settings"]["sources"] == [["shard_00000.parquet", 155000], ["shard_01822.parquet", 23395]]
     assert meta["train_rows"] > 0 and meta["val_rows"] > 0
     assert meta["row_len"] == 65 and meta["vocab_size"] == 512 and meta["bos_id"] == 511
     for split in ("train", "val"):
         size = (tmp_path / "a" / f"{split}.bin").stat().st_size
         assert size == meta[f"{split}_rows"] * 65 * 2 == meta[f"{split}_tokens"] * 2
 
-    # Shards on disk are not fetched again; tokenizing in 2 worker processes changes nothing.
+    # Shards on disk are not fetched again; tokenizing on 2 threads changes nothing.
     n_requests = len(server.requests)
     build(tmp_path / "b", *common, workers=2)
     assert len(server.requests) == n_requests
-    for name in ("train.bin", "val.bin", "tokenizer.json"):
+    for name in ("train.bin", "val.bin", "tokenizer.tiktoken"):
         assert sha(tmp_path / "a" / name) == sha(tmp_path / "b" / name)
 
 
@@ -206,7 +212,7 @@ def test_garbage_download_is_a_clear_error(server, tmp_path):
     dl = tmp_path / "raw"
     msg = error_of("--base-url", url(server, "garbage"), "--shards", 1, "--val-shards", 1,
                    "--download-dir", dl, "--out", tmp_path / "out")
-    assert "shard_0000" in msg and "not valid parquet" in msg
+    assert "shard_0" in msg and "is not valid, deleted" in msg and "not a readable parquet" in msg
     assert not list(dl.iterdir())  # neither a shard nor a .tmp is left behind
     assert not (tmp_path / "out" / "meta.json").exists()
 
@@ -215,28 +221,73 @@ def test_garbage_download_is_a_clear_error(server, tmp_path):
 def test_truncated_download_is_a_clear_error(server, tmp_path):
     dl = tmp_path / "raw"
     msg = error_of("--base-url", url(server, "truncate"), "--shards", 1, "--val-shards", 1,
-                   "--download-dir", dl, "--retries", 2, "--download-workers", 1,
-                   "--out", tmp_path / "out")
-    assert "shard_00000.parquet" in msg and "incomplete after 3 attempts" in msg
-    assert not (dl / "shard_00000.parquet").exists()
-    assert (dl / "shard_00000.parquet.tmp").exists()  # kept for the next run to resume
+                   "--download-dir", dl, "--retries", 2, "--out", tmp_path / "out")
+    name = msg.split("/truncate/")[1].split(":")[0]  # the shard that failed first
+    assert name in ("shard_00000.parquet", "shard_01822.parquet") and "incomplete after 3 attempts" in msg
+    assert not (dl / name).exists()
+    assert (dl / f"{name}.tmp").exists()  # kept for the next run to resume
 
 
 @needs_sample
 def test_missing_remote_shard_is_not_retried(server, tmp_path):
-    msg = error_of("--base-url", url(server, "ok"), "--shards", 2, "--val-shards", 1,
+    msg = error_of("--base-url", url(server, "ok"), "--shards", 3, "--val-shards", 1,
                    "--download-dir", tmp_path / "raw", "--out", tmp_path / "out")
     assert "shard_00002.parquet: HTTP 404" in msg
     assert sum(r[1] == "shard_00002.parquet" for r in server.requests) == 1
+
+
+def test_paper_download_path_end_to_end(server, sp_model, tmp_path, capsys):
+    """The defaults for downloads: a SentencePiece model fetched over HTTP (a tiny one standing in
+    for Llama 2's) plus <|assistant_end|>, crop packing, validation = the dataset's last shard."""
+    import flops
+    server.files["tok.model"] = sp_model
+    dl = tmp_path / "raw"
+    common = ["--base-url", url(server, "ok"), "--val-shards", 1, "--download-dir", dl, "--seq-len", 64,
+              "--tokenizer-model", f"{url(server, 'ok')}/tok.model"]
+    meta = build(tmp_path / "one", *common, "--shards", 1)
+    assert (dl / "tok.model").read_bytes() == sp_model
+    assert meta["tokenizer_kind"] == "llama2" and meta["tokenizer_sha256"] == hashlib.sha256(sp_model).hexdigest()
+    assert (meta["vocab_size"], meta["bos_id"]) == (401, 1)  # base + 1, as Llama 2's 32,000 -> 32,001
+    assert meta["special_tokens"] == {"<s>": 1, "<|assistant_end|>": 400}
+    assert meta["packing"]["method"] == "crop" and pdata.data_identity(meta)["packing"] == "crop"
+    assert meta["split"] == {"val_files": ["shard_01822.parquet"]}
+    # Every row starts at a document start. Every document is longer than a 65-token row, so each
+    # one became exactly one row, its head, and most tokens were cropped.
+    for split in ("train", "val"):
+        rows = np.fromfile(tmp_path / "one" / f"{split}.bin", dtype=np.uint16).reshape(-1, 65)
+        assert (rows[:, 0] == 1).all() and (rows[:, 1:] != 1).all() and rows.max() < 400
+        assert len(rows) == meta[f"{split}_docs"] and meta[f"{split}_docs"] in (130, 20)
+    assert 0.9 < meta["cropped_fraction"] < 1
+    out = capsys.readouterr().out
+    assert f"{100 * meta['cropped_fraction']:.2f}% of tokens cropped" in out
+    assert f"training tokens: {meta['train_tokens']:,}" in out
+    tok = pdata.load_tokenizer(tmp_path / "one")
+    assert tok.vocab_size == 401 and tok.decode(tok.encode("Hi") + [400, 400]) == "Hi" + 2 * "<|assistant_end|>"
+    # flops.py / train.py size the model from meta's vocab, padded to a multiple of 64 (32,001 -> 32,064).
+    assert flops.ModelConfig(vocab_size=meta["vocab_size"]).padded_vocab == 448
+    assert flops.ModelConfig(vocab_size=32001).padded_vocab == 32064
+    # More training shards, the same validation rows: the split does not depend on --shards.
+    meta2 = build(tmp_path / "two", *common, "--shards", 2)
+    assert meta2["val_sha256"] == meta["val_sha256"] and meta2["train_rows"] > meta["train_rows"]
+    assert meta2["shared_docs"] == 20  # the stand-in last shard is the sample's shard_00001 again
+
+
+def test_llama2_model_from_the_default_url_is_checked_against_llama2s_sha256(server, sp_model, tmp_path,
+                                                                           monkeypatch):
+    server.files["tokenizer.model"] = sp_model
+    monkeypatch.setattr(pdata, "LLAMA2_URL", f"{url(server, 'ok')}/tokenizer.model")
+    msg = error_of("--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--tokenizer", "llama2",
+                   "--download-dir", tmp_path, "--out", tmp_path / "o")
+    assert "is not Llama 2's tokenizer's" in msg and not (tmp_path / "tokenizer.model").exists()
 
 
 # ---------------------------------------------------------------------------------------------
 # Packing
 # ---------------------------------------------------------------------------------------------
 
-def pack(docs, row_len, buffer_docs):
+def pack(docs, row_len, buffer_docs, split_long=True):
     out = io.BytesIO()
-    packer = pdata.Packer(out, row_len, buffer_docs, block_rows=3)
+    packer = pdata.Packer(out, row_len, split_long, buffer_docs, block_rows=3)
     for d in docs:
         packer.add_document(np.asarray(d, dtype=np.uint16))
     stats = packer.finish()
@@ -270,11 +321,32 @@ def test_buffer_size_limits_the_choice():
     assert (st["cropped_tokens"], st["tail_tokens_dropped"]) == (1, 3)
 
 
-def test_long_documents_are_cut_into_rows_not_cropped():
+def test_long_documents_are_cut_into_rows_in_split_mode_and_cropped_in_crop_mode():
     d = list(range(10))  # BOS = 0 first
     rows, st = pack([d], 4, 1000)
     assert rows.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert (st["cropped_tokens"], st["tail_tokens_dropped"]) == (0, 2)
+    rows, st = pack([d, doc(1, 3), doc(2, 6)], 4, 1000, split_long=False)
+    assert rows.tolist() == [doc(1, 3) + [0], [0, 1, 2, 3]]  # a cropped document keeps its head
+    assert (st["rows"], st["cropped_tokens"], st["tail_tokens_dropped"]) == (2, 5 + 6, 0)
+
+
+def test_crop_packing_rows_start_at_document_starts():
+    # The paper's packing: every row starts with a BOS, and a document's tokens in a row are always
+    # preceded by all of its earlier tokens (no middle of a document without its start).
+    rng = np.random.default_rng(1)
+    row_len, n_docs, stride = 65, 150, 400
+    lengths = rng.integers(1, stride, size=n_docs)
+    docs = [[0] + [1 + k * stride + p for p in range(1, n)] for k, n in enumerate(lengths)]
+    rows, st = pack(docs, row_len, 16, split_long=False)
+    assert (rows[:, 0] == 0).all() and st["rows"] > 0
+    assert st["rows"] * row_len + st["cropped_tokens"] + st["tail_tokens_dropped"] == lengths.sum()
+    assert st["cropped_tokens"] > 0  # documents up to 6x a row: cropping really happened
+    for row in rows.tolist():
+        for col, tok in enumerate(row):
+            if tok:
+                k, p = divmod(tok - 1, stride)
+                assert row[col - p:col] == docs[k][:p], "a document's tokens must follow its start"
 
 
 def test_packing_invariants_on_random_documents():
@@ -337,16 +409,32 @@ def test_tokenizer_trains_on_train_documents_only_within_budget(tmp_path, monkey
         real_train_bpe(iter(seen), vocab_size, out_path)
 
     monkeypatch.setattr(pdata, "train_bpe", recording_train_bpe)
+    monkeypatch.setattr(pdata, "TOKENIZER_CHARS", 50000)
     build(tmp_path, "--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 300,
-          "--seq-len", 64, "--tokenizer-chars", 50000)
+          "--seq-len", 64)
     docs = sample_texts()
     assert sum(map(len, seen)) == 50000
     assert seen[:-1] == docs[:len(seen) - 1] and docs[len(seen) - 1].startswith(seen[-1])
     # Without a budget it reads exactly the 135 training documents, never the held-out 15.
     seen.clear()
+    monkeypatch.setattr(pdata, "TOKENIZER_CHARS", 10 ** 9)
     build(tmp_path / "all", "--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1,
           "--vocab-size", 300, "--seq-len", 64)
     assert seen == docs[:135]
+
+
+MICRO = REPO.parent / "shared" / "data" / "micro-corpus"
+
+
+@pytest.mark.skipif(not MICRO.is_dir(), reason=f"{MICRO} not found (the CPU grids' micro-corpus)")
+def test_micro_corpus_rows_are_the_ones_behind_the_committed_cpu_results(tmp_path):
+    # The README's cpu-micro command; these checksums are the rows the committed CPU sweeps trained
+    # on (made by the code before the tiktoken file format, the thread pool and crop mode).
+    meta = build(tmp_path, "--source", MICRO, "--vocab-size", 2048, "--seq-len", 128, "--val-fraction", 0.02,
+                 workers=2)
+    assert sha(tmp_path / "train.bin") == "6c8d61dbfbad4ec9129e90930fc7460b188a859dc39b21659df32dd038800c32"
+    assert sha(tmp_path / "val.bin") == "4d2c5a510e7030da8722664b07bbcd4cc9474d2dfe9cac8d171fc6061473017c"
+    assert (meta["packing"]["method"], meta["train_rows"], meta["val_rows"]) == ("split", 116511, 3127)
 
 
 @needs_sample
@@ -354,7 +442,7 @@ def test_bpe_tokenizer_round_trip_and_bos(built):
     tok = pdata.load_tokenizer(built)
     meta = pdata.read_meta(built)
     assert (tok.vocab_size, tok.bos_id) == (meta["vocab_size"], meta["bos_id"]) == (512, 511)
-    assert meta["tokenizer_sha256"] == sha(built / "tokenizer.json")
+    assert meta["tokenizer_sha256"] == sha(built / "tokenizer.tiktoken")
     for text in sample_texts():
         ids = tok.encode(text)
         assert tok.bos_id not in ids and max(ids) < tok.vocab_size
@@ -367,8 +455,11 @@ def test_bpe_tokenizer_round_trip_and_bos(built):
     assert train.max() < tok.vocab_size
 
 
-@needs_sample
-def test_sentencepiece_tokenizer(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def sp_model():
+    """A 400-piece SentencePiece BPE shaped like Llama 2's (byte fallback, <unk> <s> </s> = 0 1 2)."""
+    if not SAMPLE.is_dir():
+        pytest.skip(f"{SAMPLE} not found (the offline FineWeb-Edu sample)")
     spm = pytest.importorskip("sentencepiece")
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
@@ -376,18 +467,22 @@ def test_sentencepiece_tokenizer(tmp_path, monkeypatch):
         model_type="bpe", byte_fallback=True, normalization_rule_name="identity",
         remove_extra_whitespaces=False, max_sentence_length=20000, unk_id=0, bos_id=1,
         eos_id=2, pad_id=-1, num_threads=1, minloglevel=2)
+    return model.getvalue()
+
+
+def test_sentencepiece_tokenizer_on_local_text(sp_model, tmp_path, monkeypatch):
     model_path = tmp_path / "sp.model"
-    model_path.write_bytes(model.getvalue())
+    model_path.write_bytes(sp_model)
     out = tmp_path / "out"
     args = ["--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--seq-len", 64,
             "--tokenizer", "llama2", "--tokenizer-model", model_path]
     meta = build(out, *args)
     assert meta["tokenizer_kind"] == "llama2" and meta["tokenizer_sha256"] == sha(model_path)
-    assert (meta["vocab_size"], meta["bos_id"]) == (400, 1)
+    assert (meta["vocab_size"], meta["bos_id"]) == (401, 1)  # 400 pieces + <|assistant_end|>
     tok = pdata.load_tokenizer(out)
     for text in sample_texts()[:20]:
         ids = tok.encode(text)
-        assert 1 not in ids and tok.decode(ids) == text
+        assert 1 not in ids and 400 not in ids and tok.decode(ids) == text
     train = np.fromfile(out / "train.bin", dtype=np.uint16)
     assert meta["train_docs"] - 3 <= (train == 1).sum() <= meta["train_docs"]
     assert train.max() < 400
@@ -427,15 +522,23 @@ def test_bad_flags_are_refused_before_any_work(tmp_path):
     for vocab in (65537, 70000):
         assert f"--vocab-size {vocab} out of range" in error_of(
             "--vocab-size", vocab, "--source", tmp_path / "nope", "--out", tmp_path / "o")
-    assert "--tokenizer-model" in error_of("--tokenizer", "llama2", "--source", tmp_path)
-    assert "not both" in error_of("--val-fraction", 0.1, "--val-shards", 1, "--source", tmp_path)
+    assert "--tokenizer-model is for --tokenizer llama2" in error_of(
+        "--tokenizer-model", tmp_path, "--source", tmp_path)
+    assert "tokenizer model not found" in error_of("--tokenizer", "llama2", "--tokenizer-model",
+                                                   tmp_path / "x.model", "--source", tmp_path)
+    assert "not allowed with argument" in error_of("--val-fraction", 0.1, "--val-shards", 1)
     assert "--shards applies to downloads" in error_of("--shards", 3, "--source", tmp_path)
+    assert "--val-fraction is for --source" in error_of("--val-fraction", 0.1)
+    for flag, value in (("--seq-len", 0), ("--val-fraction", 1), ("--workers", "x"), ("--retries", -1)):
+        assert f"argument {flag}" in error_of(flag, value, "--source", tmp_path)
+    assert "invalid choice" in error_of("--packing", "pad", "--source", tmp_path)
+    assert not (tmp_path / "o").exists()
 
 
 def test_cli_reports_one_line_and_fails(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "prepare_data.py"), "--vocab-size", "70000",
-                        "--out", str(tmp_path / "o")], capture_output=True, text=True)
-    assert r.returncode == 1 and r.stdout == ""
+                        "--source", str(tmp_path), "--out", str(tmp_path / "o")], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().startswith("prepare_data.py: error: --vocab-size 70000")
     assert len(r.stderr.strip().splitlines()) == 1
 
@@ -447,12 +550,48 @@ def test_existing_output_with_another_tokenizer_is_refused(built, tmp_path):
     before = {p.name: sha(p) for p in out.iterdir()}
     msg = error_of("--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 600,
                    "--seq-len", 64, "--out", out)
-    assert f"{out / 'meta.json'}" in msg and "another tokenizer" in msg
-    # Same size, different training text: caught by the sha256 of the trained tokenizer.
+    assert f"{out} holds a dataset built with vocab_size 512, not 600" in msg
     msg = error_of("--source", SAMPLE / "shard_00000.parquet", "--val-fraction", 0.1,
                    "--vocab-size", 512, "--seq-len", 64, "--out", out, "--workers", 1)
-    assert "another tokenizer" in msg and "sha256" in msg
+    assert "built with sources" in msg and "shard_00000.parquet" in msg
     assert {p.name: sha(p) for p in out.iterdir()} == before  # the dataset is untouched
+
+
+@needs_sample
+def test_existing_dataset_is_not_replaced_when_only_seq_len_changes(built, tmp_path):
+    # Issue 12: the old code silently replaced the dataset (and the runs that used it lost it).
+    out = tmp_path / "copy"
+    shutil.copytree(built, out)
+    before = {p.name: sha(p) for p in out.iterdir()}
+    msg = error_of("--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 512,
+                   "--seq-len", 32, "--out", out)
+    assert msg.endswith(f"built with seq_len 64, not 32; use another --out or delete {out}")
+    assert {p.name: sha(p) for p in out.iterdir()} == before
+    # The same settings rebuild in place, to the same bytes.
+    meta = build(out, "--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 512,
+                 "--seq-len", 64)
+    assert meta["train_sha256"] == pdata.read_meta(built)["train_sha256"]
+
+
+@needs_sample
+def test_shared_train_and_validation_documents_warn_with_counts(tmp_path, capsys):
+    # Issue 12: the sample's docs.jsonl holds the documents of shard_00000 and shard_00001; with
+    # the jsonl as the held-out file, all 150 validation documents are also trained on.
+    meta = build(tmp_path, "--source", SAMPLE / "shard_00000.parquet", SAMPLE / "docs.jsonl",
+                 "--val-shards", 1, "--vocab-size", 300, "--seq-len", 64)
+    err = capsys.readouterr().err
+    assert "WARNING: 130 of 150 validation documents are also training documents" in err
+    assert meta["shared_docs"] == 130 and meta["split"] == {"val_files": ["docs.jsonl"]}
+
+
+def test_non_string_text_column_is_a_one_line_error(tmp_path):
+    # Issue 12: an integer 'text' column ended in a traceback inside the tokenizer.
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    bad = tmp_path / "ints.parquet"
+    pq.write_table(pa.table({"text": list(range(10))}), bad)
+    msg = error_of("--source", bad, "--val-fraction", 0.1, "--vocab-size", 300, "--out", tmp_path / "o")
+    assert msg.endswith(f"{bad}: the 'text' column holds int64, not strings")
 
 
 @needs_sample
@@ -465,7 +604,7 @@ def test_failed_build_leaves_nothing_that_looks_complete(tmp_path):
 
 
 def test_read_meta_says_how_to_build(tmp_path):
-    with pytest.raises(ValueError, match="not found: rebuild it with prepare_data.py"):
+    with pytest.raises(ValueError, match="meta.json: not found; rebuild with prepare_data.py"):
         pdata.read_meta(tmp_path)
 
 
@@ -475,7 +614,7 @@ def damaged_copy(built, tmp_path, damage):
     damage(out)
     with pytest.raises(ValueError) as e:
         pdata.read_meta(out)
-    assert "\n" not in str(e.value) and "rebuild it with prepare_data.py" in str(e.value)
+    assert "\n" not in str(e.value) and "rebuild with prepare_data.py" in str(e.value)
     return str(e.value)
 
 
