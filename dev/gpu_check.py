@@ -213,10 +213,19 @@ def cell(value, width, spec):
     return ("-" if value is None else format(value, spec)).rjust(width)
 
 
+def save(path, text):
+    """Temp file + rename: the `timeout` backstop can kill us mid-write without leaving half a file.
+    (Not prepare_data.atomic_write: prepare_data imports pyarrow, tiktoken and requests, which the GPU
+    box need not have; this script needs torch alone.)"""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_outputs(out, stem, report):
     """JSON plus a readable table; rewritten after every configuration so a cut-short run keeps both."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
+    save(out / f"{stem}.json", json.dumps(report, indent=1) + "\n")
     env = report["environment"]
     lines = [f"{env['device']} | torch {env['torch']} (CUDA {env['cuda']}) | attention {env['attention_backend']}"
              f" (SDPA kernel {env.get('sdpa_kernel', 'unknown')})",
@@ -239,7 +248,7 @@ def write_outputs(out, stem, report):
             lines.append(f"bf16-vs-fp32 loss check failed ({row['name']}): {row['loss_check_error']}")
     for text in sorted({w for row in report["configs"] for w in row.get("warnings", [])}):
         lines.append(f"warning ({', '.join(r['name'] for r in report['configs'] if text in r.get('warnings', []))}): {text}")
-    (out / f"{stem}.txt").write_text("\n".join(lines) + "\n")
+    save(out / f"{stem}.txt", "\n".join(lines) + "\n")
     return "\n".join(lines)
 
 
