@@ -1,23 +1,19 @@
 """
-Download, tokenize and pack FineWeb-Edu (or local text) into fixed-length uint16 token rows: every
-architecture reads the identical, deterministic stream of rows of seq_len + 1 tokens (inputs plus the
-target shift), each document starting with BOS, best-fit packed without padding (RECIPE §5).
+Download, tokenize and pack FineWeb-Edu (or local text) into rows of seq_len + 1 uint16 tokens
+(inputs plus the target shift): the identical, deterministic stream every architecture reads, each
+document starting with BOS, best-fit packed without padding (RECIPE §5).
 
     python prepare_data.py --shards 150 --out data/fineweb          # the paper's data (internet)
     python prepare_data.py --source ../shared/data/micro-corpus --vocab-size 2048 --seq-len 128 \
         --val-fraction 0.02 --out data/micro-2k                    # local text, the CPU grids
 
-Downloads follow the paper (§4.1): the Llama 2 SentencePiece tokenizer plus one special token
-<|assistant_end|> (32,001 ids as the authors' nanochat fork; flops.py pads to 32,064), packing that
-crops a document longer than the space left (every row starts at a document start), and validation =
-the dataset's last shards whatever --shards is. Local --source files get a byte-level BPE trained here
-(rustbpe, served by tiktoken) and split long documents into row-length pieces instead of cropping them
-(a book is hundreds of 129-token rows: cropping would keep one); validation = --val-fraction of every
-file's documents or its last --val-shards files.
-
-Output: train.bin, val.bin (flat uint16), the tokenizer file and meta.json, written last (its presence
-marks a complete dataset). Also here, for train.py: read_meta, data_identity, load_tokenizer,
-RowLoader, atomic_write.
+Downloads follow the paper (§4.1): Llama 2's SentencePiece tokenizer plus <|assistant_end|> (32,001
+ids, as the authors' nanochat fork; flops.py pads to 32,064), packing that crops a document longer
+than the space left (every row starts at a document start), validation = the dataset's last shards
+whatever --shards is. Local --source text gets a byte-level BPE trained here (rustbpe, served by
+tiktoken) and long documents split into row-length pieces (cropping a book to one 129-token row would
+discard nearly all of it); validation = --val-fraction of every file's documents or its last files.
+Output: train.bin, val.bin, the tokenizer and meta.json, written last (a complete dataset).
 """
 import argparse
 import base64
@@ -30,6 +26,7 @@ import os
 import shlex
 import sys
 import time
+from array import array
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -37,44 +34,38 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import requests
+import sentencepiece
 import tiktoken
 import tiktoken.load
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-DATASETS = {  # base URL, shard count, shard name, validation shards (the last ones)
-    "shuffled": ("https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main",
-                 1823, "shard_{:05d}.parquet", 3),
-    "official": ("https://huggingface.co/datasets/HuggingFaceFW/fineweb-edu/resolve/main",
-                 14, "sample/10BT/{:03d}_00000.parquet", 1)}
-# Validation size: the paper evaluates 34,560 rows of 2,049 tokens (70.8M). A shuffled shard holds
-# ~250M characters, ~60M Llama-2 tokens, of which cropping keeps ~65% (nanochat measures ~35% cropped
-# at T = 2048): ~39M per shard, so 2 shards just suffice; 3 leave room for the short last shard.
-# An official sample/10BT file holds ~700M tokens.
-# Llama 2's tokenizer.model from an ungated copy of meta-llama/Llama-2-7b-hf, checked against the
-# sha256 of Meta's file (499,723 bytes).
+BASE_URL = "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main"
+N_SHARDS = 1823  # shard_00000.parquet .. shard_01822.parquet, documents pre-shuffled
+# Validation = the last VAL_SHARDS shards. The paper evaluates 34,560 rows of 2,049 tokens (70.8M); a
+# shard holds ~250M characters, ~60M Llama-2 tokens, ~39M after cropping (nanochat measures ~35%
+# cropped at T = 2048): 2 shards just suffice, 3 leave room for the short last shard.
+VAL_SHARDS = 3
+# Llama 2's tokenizer.model from an ungated copy of meta-llama/Llama-2-7b-hf; the sha256 of Meta's file.
 LLAMA2_URL = "https://huggingface.co/NousResearch/Llama-2-7b-hf/resolve/main/tokenizer.model"
 LLAMA2_SHA256 = "9e556afd44213b6bd1be2b850ebbbd98f5481437a8021afaf58ee7fb1818d347"
-EXTRA_TOKEN = "<|assistant_end|>"  # the id after the SentencePiece pieces; never in pretraining data
+EXTRA_TOKEN = "<|assistant_end|>"  # the id after the SentencePiece pieces; never in pretraining text
 BOS_TOKEN = "<|bos|>"               # the BPE's one special token, the id after the last merge
 # GPT-4's split pattern (cl100k): words with an optional leading space, numbers in groups of at most
 # three digits, punctuation runs, whitespace. Merges never cross these boundaries.
 SPLIT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}|"""
                  r""" ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+""")
-MAX_VOCAB = 65536         # token ids are stored as uint16
-SOURCE_SUFFIXES = (".parquet", ".jsonl", ".txt")
+MAX_VOCAB = 65536                # token ids are stored as uint16
+SUFFIXES = (".parquet", ".jsonl", ".txt")
 FORMAT = "nanoloop-rows-v2"
-BUFFER_DOCS = 1000        # best-fit buffer, in documents (or pieces), as the authors' prepack
+BUFFER_DOCS = 1000               # best-fit buffer in documents (or pieces), as the authors' prepack
 TOKENIZER_CHARS = 2_000_000_000  # BPE training text at most (nanochat's budget)
-BATCH_DOCS = 1024         # documents per tokenizer call
-RETRY_BASE_S = 1.0        # backoff before retry k is RETRY_BASE_S * 2**(k-1); tests shrink it
-HTTP_TIMEOUT_S = 60
-DOWNLOAD_CHUNK = 1 << 16  # bytes per write; a dropped connection loses the unfinished chunk only
+BATCH_DOCS = 1024                # documents per tokenizer call
+RETRY_BASE_S = 1.0               # backoff before retry k: RETRY_BASE_S * 2**(k-1); tests shrink it
 
 
 class DataError(ValueError):
-    """Bad input the user must fix (corrupt file, empty source, wrong flags, damaged dataset): main()
-    prints it as one line and exits 2; library callers (train.py) get the exception."""
+    """Bad input the user must fix: main() prints it as one line and exits 2; train.py gets it."""
 
 
 def sha256_file(path):
@@ -101,101 +92,90 @@ def atomic_write(path, data):
     os.close(fd)
 
 
-# --- reading documents -------------------------------------------------------------------------
-
 def check_parquet(path):
-    """Check a parquet file from its footer alone (it opens, has a string 'text' column) so every
-    source is checked before any expensive work; return its row count."""
+    """Check a parquet file from its footer alone (it opens, its 'text' column holds strings), so
+    every source is checked before any expensive work. Returns its row count."""
     try:
         with pq.ParquetFile(path) as pf:
             schema, rows = pf.schema_arrow, pf.metadata.num_rows
     except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError) for bad files
         raise DataError(f"{path}: not a readable parquet file ({e})") from None
-    if "text" not in schema.names:
-        raise DataError(f"{path}: parquet file has no 'text' column (columns: {schema.names})")
-    if not (pa.types.is_string(schema.field("text").type) or pa.types.is_large_string(schema.field("text").type)):
-        raise DataError(f"{path}: the 'text' column holds {schema.field('text').type}, not strings")
+    kind = schema.field("text").type if "text" in schema.names else None
+    if kind is None or not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise DataError(f"{path}: the 'text' column holds {kind}, not strings (columns: {schema.names})")
     return rows
 
 
 def iter_texts(path):
-    """Every document of a source file in order: a parquet 'text' column, a .jsonl file's string
-    'text' field per non-blank line, or a whole .txt file."""
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
+    """Every document of a source file in order: a parquet 'text' column, the string 'text' field
+    of each non-blank .jsonl line, or a whole .txt file."""
+    if path.suffix == ".parquet":
         try:
             with pq.ParquetFile(path) as pf:
                 for g in range(pf.num_row_groups):
                     yield from pf.read_row_group(g, columns=["text"]).column("text").to_pylist()
         except Exception as e:
             raise DataError(f"{path}: parquet data could not be read ({e})") from None
-    elif suffix == ".jsonl":
+    elif path.suffix == ".jsonl":
         for lineno, line in enumerate(path.open("rb"), 1):
+            if not line.strip():
+                continue
             try:
-                obj = json.loads(line) if line.strip() else {"text": ""}
+                obj = json.loads(line)
             except ValueError as e:
                 raise DataError(f"{path}:{lineno}: not valid JSON ({e})") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
                 raise DataError(f"{path}:{lineno}: no string 'text' field")
-            if line.strip():
-                yield obj["text"]
-    elif suffix == ".txt":
+            yield obj["text"]
+    else:
         try:
             yield path.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
             raise DataError(f"{path}: not UTF-8 text ({e})") from None
-    else:
-        raise DataError(f"{path}: unsupported file type (expected {', '.join(SOURCE_SUFFIXES)})")
 
 
-def iter_split_texts(plan, split):
-    """The non-empty documents of one split in plan order (an entry's documents from 'val_from'
-    on are validation)."""
+def iter_docs(plan):
+    """(split, text) for every non-empty document, in plan order."""
     for e in plan:
-        lo, hi = (e["val_from"], e["docs"]) if split == "val" else (0, e["val_from"])
-        if lo < hi:
-            yield from filter(None, itertools.islice(iter_texts(e["path"]), lo, hi))
+        for i, text in enumerate(iter_texts(e["path"])):
+            if text:
+                yield "val" if i >= e["val_from"] else "train", text
 
-
-# --- downloading -------------------------------------------------------------------------------
 
 def download_file(url, dest, retries=5, check=check_parquet):
-    """Fetch url into dest.tmp, check it, rename it to dest: a dest on disk is always whole (one that
-    exists is only re-checked). requests' HTTPAdapter with urllib3's Retry retries failed
-    connections and 408/429/5xx answers with backoff; a connection that drops mid-file is resumed
-    from the bytes on disk with an HTTP Range request, up to `retries` times."""
-    dest, tmp = Path(dest), Path(dest).with_name(Path(dest).name + ".tmp")
+    """Fetch url into dest.tmp, check it, rename it: a dest on disk is whole (and only re-checked).
+    urllib3's Retry retries failed connections and 408/429/5xx answers with backoff; a connection
+    dropped mid-file resumes from the bytes on disk with an HTTP Range request, `retries` times."""
+    dest, tmp = Path(dest), Path(f"{dest}.tmp")
     if dest.exists():
         try:
             check(dest)
-            return dest
         except DataError as e:
             raise DataError(f"{e}; delete it to download it again") from None
+        return dest
     session = requests.Session()
-    session.mount("http", HTTPAdapter(max_retries=Retry(total=retries, backoff_factor=RETRY_BASE_S,
-              status_forcelist=(408, 429, 500, 502, 503, 504), raise_on_status=False)))
-    problem = "no attempt made"
+    session.mount("http", HTTPAdapter(max_retries=Retry(retries, backoff_factor=RETRY_BASE_S,
+                  status_forcelist=(408, 429, 500, 502, 503, 504), raise_on_status=False)))
     for attempt in range(retries + 1):
         time.sleep(RETRY_BASE_S * 2 ** (attempt - 1) if attempt else 0)
         have = tmp.stat().st_size if tmp.exists() else 0
         try:
-            r = session.get(url, stream=True, timeout=HTTP_TIMEOUT_S,
-                            headers={"Range": f"bytes={have}-"} if have else {})
+            r = session.get(url, stream=True, timeout=60, headers={"Range": f"bytes={have}-"} if have else {})
         except requests.RequestException as e:
             raise DataError(f"{url}: {type(e).__name__} after {retries} retries ({e})") from None
         with r:
             span = r.headers.get("Content-Range", "")
             if r.status_code == 416 and span.endswith(f"/{have}"):
-                break  # nothing past our end and the remote file is our size: the .tmp is whole
+                break  # nothing past our end, and the remote file is our size: the .tmp is whole
             if r.status_code == 416 or (r.status_code == 206 and not span.startswith(f"bytes {have}-")):
-                tmp.unlink()  # our .tmp belongs to another version of the file: start clean
+                tmp.unlink()  # the .tmp belongs to another version of the file: start clean
                 problem = f"HTTP {r.status_code} on resume (Content-Range '{span}')"
                 continue
             if r.status_code >= 400:
                 raise DataError(f"{url}: HTTP {r.status_code} {r.reason}")
-            try:  # 206 continues our file; 200 sends all of it again
+            try:  # 206 continues our file, 200 sends all of it again
                 with open(tmp, "ab" if r.status_code == 206 else "wb") as f:
-                    for chunk in r.iter_content(chunk_size=DOWNLOAD_CHUNK):
+                    for chunk in r.iter_content(chunk_size=1 << 16):  # a drop loses one chunk at most
                         f.write(chunk)
             except requests.RequestException as e:  # urllib3 raises when fewer bytes arrive
                 problem = f"{type(e).__name__}: {e}"
@@ -209,26 +189,24 @@ def download_file(url, dest, retries=5, check=check_parquet):
     except DataError as e:
         tmp.unlink()
         raise DataError(f"{url}: downloaded file is not valid, deleted ({e})") from None
-    os.replace(tmp, dest)
-    return dest
+    return tmp.replace(dest)
 
 
-def download_all(urls, paths, retries, workers=8):
-    """Fetch files in parallel; a progress line (MB/s, ETA) per finished file."""
+def download_all(urls, paths, retries):
+    """Fetch files 8 at a time, a progress line (MB/s, ETA) per finished one; return their paths."""
     t0, size = time.time(), 0
-    with ThreadPoolExecutor(workers) as pool:
+    with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(download_file, u, p, retries) for u, p in zip(urls, paths)]
         try:
             for done, fut in enumerate(as_completed(futures), 1):
                 size, dt = size + fut.result().stat().st_size, time.time() - t0
-                print(f"download: {done}/{len(urls)} files, {size / 1e6:.0f} MB, {size / 1e6 / dt:.1f} "
-                      f"MB/s, ETA {dt / done * (len(urls) - done):.0f} s", file=sys.stderr, flush=True)
+                print(f"download: {done}/{len(urls)} files, {size / 1e6:.0f} MB, {size / 1e6 / dt:.1f} MB/s, "
+                      f"ETA {dt / done * (len(urls) - done):.0f} s", file=sys.stderr, flush=True)
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)  # running ones finish into their .tmp
             raise
+    return paths
 
-
-# --- tokenizers --------------------------------------------------------------------------------
 
 class Tokenizer:
     """encode (no BOS), encode_batch, decode, bos_id, vocab_size (every id, specials included).
@@ -245,17 +223,13 @@ class Tokenizer:
             self.vocab_size = self._enc.n_vocab
             return
         try:
-            import sentencepiece
-        except ImportError:
-            raise DataError("--tokenizer llama2 needs the sentencepiece package: pip install sentencepiece") from None
-        try:
             self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
         except Exception as e:  # sentencepiece raises OSError or RuntimeError
             raise DataError(f"{path}: not a SentencePiece model ({e})") from None
         self.bos_id, self.extra_id = self._sp.bos_id(), self._sp.get_piece_size()
         self.vocab_size = self.extra_id + 1
-        if self.bos_id < 0:
-            raise DataError(f"{path}: SentencePiece model defines no BOS piece")
+        if self.bos_id < 0 or self.vocab_size > MAX_VOCAB:
+            raise DataError(f"{path}: needs a BOS piece and at most {MAX_VOCAB - 1} pieces (uint16 ids)")
 
     def encode_batch(self, texts, threads=1):
         # encode_ordinary: a literal "<|bos|>" in the data stays text, never the special token.
@@ -273,9 +247,16 @@ class Tokenizer:
         return "".join(EXTRA_TOKEN * len(list(g)) if extra else self._sp.decode(list(g)) for extra, g in runs)
 
 
+def check_model(path, sha256=None):
+    """A SentencePiece model that loads and, when sha256 is given (the default Llama 2 URL), is that file."""
+    Tokenizer("llama2", path)
+    if sha256 and sha256_file(path) != sha256:
+        raise DataError(f"{path}: sha256 {sha256_file(path)} is not Llama 2's tokenizer's ({sha256})")
+
+
 def train_bpe(texts, vocab_size, out_path):
     """Train a byte-level BPE (vocab_size counts BOS) with rustbpe; write its ranks in tiktoken's file
-    format, as tiktoken.load.dump_tiktoken_bpe would (that needs the blobfile package)."""
+    format, as tiktoken.load.dump_tiktoken_bpe would (which needs the blobfile package)."""
     import rustbpe  # imported here: the llama2 path and the data loader never need it
     tok = rustbpe.Tokenizer()
     tok.train_from_iterator(texts, vocab_size - 1, pattern=SPLIT_PATTERN)
@@ -286,24 +267,14 @@ def train_bpe(texts, vocab_size, out_path):
     Path(out_path).write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks))
 
 
-def check_sentencepiece(path, sha256=None):
-    if sha256 and sha256_file(path) != sha256:
-        raise DataError(f"{path}: sha256 {sha256_file(path)} is not Llama 2's tokenizer's ({sha256})")
-    if Tokenizer("llama2", path).vocab_size > MAX_VOCAB:
-        raise DataError(f"{path}: more than {MAX_VOCAB} ids do not fit uint16 token ids")
-
-
-# --- packing -----------------------------------------------------------------------------------
-
 class Packer:
-    """Best-fit packing of BOS-started documents into rows of exactly row_len tokens (RECIPE §5; the
-    authors' prepack, nanochat's BOS-aligned best-fit). Documents wait in a buffer of BUFFER_DOCS;
-    the row is filled with the largest buffered document that fits the space left, and when none
-    fits, the shortest is cropped to fill the row (the rest is discarded and counted; the shortest
-    wastes least), so every row starts with a BOS. No padding: the last partial row is dropped and
-    counted. Ties go to the earliest document, so the output is a function of the input order.
-    split_long (local corpora of whole books): a document longer than a row is cut into row_len
-    pieces first, buffered one by one, and kept whole; only its first piece starts with BOS."""
+    """Best-fit packing of BOS-started documents into rows of exactly row_len tokens (RECIPE §5, the
+    authors' prepack, nanochat's BOS-aligned best-fit): from a buffer of BUFFER_DOCS documents the
+    row takes the largest that fits the space left; when none fits, the shortest is cropped to fill
+    the row (its rest discarded and counted; the shortest wastes least). So every row starts with a
+    BOS; no padding; the last partial row is dropped and counted; ties go to the earliest document.
+    split_long (local corpora of whole books): a document longer than a row is first cut into
+    row_len pieces, buffered one by one, and so kept whole; only its first piece starts with BOS."""
 
     def __init__(self, out_file, row_len, split_long, buffer_docs=BUFFER_DOCS, block_rows=None):
         self.out, self.row_len, self.split_long, self.buffer_docs = out_file, row_len, split_long, buffer_docs
@@ -317,8 +288,7 @@ class Packer:
         self.docs, self.tokens_in = self.docs + 1, self.tokens_in + len(tokens)
         step = self.row_len if self.split_long else len(tokens)
         for start in range(0, len(tokens), step):
-            # Keyed by its true length (a cropped document counts what it loses); only the first
-            # row_len tokens can ever be placed, so only they are kept.
+            # Keyed by its true length (a crop counts what it loses); only row_len tokens can be placed.
             bisect.insort(self.keys, (len(tokens[start:start + step]), self.seq))
             self.pieces[self.seq], self.seq = tokens[start:start + min(step, self.row_len)], self.seq + 1
             while len(self.keys) >= self.buffer_docs:
@@ -335,7 +305,7 @@ class Packer:
         if self.fill == self.row_len:
             self.fill, self.block_fill, self.rows = 0, self.block_fill + 1, self.rows + 1
             if self.block_fill == len(self.block):
-                self.out.write(self.block[:self.block_fill].tobytes())
+                self.out.write(self.block.tobytes())
                 self.block_fill = 0
 
     def finish(self):
@@ -346,52 +316,39 @@ class Packer:
                 "tokens": self.rows * self.row_len, "tail_tokens_dropped": self.fill}
 
 
-def encoded(tok, texts, threads):
-    """(documents, token ids) per batch of BATCH_DOCS; the next batch is tokenized on `threads`
-    threads (tiktoken and sentencepiece release the GIL) while the caller packs this one."""
-    with ThreadPoolExecutor(1) as ahead:
-        pending = None
-        for batch in itertools.chain(iter(lambda: list(itertools.islice(texts, BATCH_DOCS)), []), [None]):
-            job = batch and (batch, ahead.submit(tok.encode_batch, batch, threads))
-            if pending:
-                yield pending[0], pending[1].result()
-            pending = job
-
-
 def tokenize_and_pack(plan, tok, row_len, split_long, threads, out_paths):
-    """Tokenize every planned document (tiktoken / sentencepiece on `threads` threads) and best-fit
-    pack each split into out_paths[split]. Validation goes first so that training documents equal to
-    a validation one can be counted (keeping only validation texts' hashes: small even for the paper's
-    data). Returns per-split packing stats, the tokens/s and the count of shared documents."""
+    """Tokenize every planned document on `threads` threads (tiktoken and sentencepiece release the
+    GIL, so the next batch is tokenized while this one is packed) and best-fit pack each split into
+    out_paths[split]. Returns per-split stats, tokens/s, and how many validation documents are also
+    training documents (compared by hash, 8 bytes per document)."""
     t0 = last_print = time.time()
-    n_docs, docs_done, tokens_in = sum(e["docs"] for e in plan), 0, 0
-    val_hashes, shared, stats = set(), set(), {}
-    for split in ("val", "train"):
-        with open(out_paths[split], "wb") as f:
-            packer = Packer(f, row_len, split_long)
-            for batch, docs in encoded(tok, iter_split_texts(plan, split), threads):
-                for text, ids in zip(batch, docs):
-                    if split == "val":
-                        val_hashes.add(hash(text))
-                    elif hash(text) in val_hashes:
-                        shared.add(hash(text))
+    n_docs, tokens_in, hashes = sum(e["docs"] for e in plan), 0, {"train": array("q"), "val": array("q")}
+    with open(out_paths["train"], "wb") as f_train, open(out_paths["val"], "wb") as f_val, \
+            ThreadPoolExecutor(1) as ahead:
+        packers = {"train": Packer(f_train, row_len, split_long), "val": Packer(f_val, row_len, split_long)}
+        docs, pending = iter_docs(plan), None
+        for batch in itertools.chain(iter(lambda: list(itertools.islice(docs, BATCH_DOCS)), []), [None]):
+            job = batch and (batch, ahead.submit(tok.encode_batch, [text for _, text in batch], threads))
+            if pending:
+                for (split, text), ids in zip(pending[0], pending[1].result()):
+                    hashes[split].append(hash(text))
                     doc = np.empty(len(ids) + 1, np.uint16)
                     doc[0], doc[1:] = tok.bos_id, ids
-                    packer.add_document(doc)
+                    packers[split].add_document(doc)
                     tokens_in += len(doc)
-                docs_done += len(batch)
-                if time.time() - last_print > 10:
-                    last_print, dt = time.time(), time.time() - t0
-                    print(f"tokenize: {tokens_in / 1e6:.1f}M tokens, {tokens_in / dt / 1e6:.2f}M tokens/s, "
-                          f"ETA {dt * (n_docs / docs_done - 1):.0f} s", file=sys.stderr, flush=True)
-            stats[split] = packer.finish()
+            pending = job
+            if time.time() - last_print > 10:
+                last_print, dt, done = time.time(), time.time() - t0, len(hashes["train"]) + len(hashes["val"])
+                print(f"tokenize: {tokens_in / 1e6:.1f}M tokens, {tokens_in / dt / 1e6:.2f}M tokens/s, "
+                      f"ETA {dt * (n_docs / max(done, 1) - 1):.0f} s", file=sys.stderr, flush=True)
+        stats = {split: p.finish() for split, p in packers.items()}
+        for f in (f_train, f_val):
             f.flush()
             os.fsync(f.fileno())
     stats["seconds"] = time.time() - t0
-    return stats | {"tokens_per_s": tokens_in / max(stats["seconds"], 1e-9), "shared_docs": len(shared)}
+    shared = np.isin(np.frombuffer(hashes["val"], np.int64), np.frombuffer(hashes["train"], np.int64)).sum()
+    return stats | {"tokens_per_s": tokens_in / max(stats["seconds"], 1e-9), "shared_docs": int(shared)}
 
-
-# --- planning, the command line ----------------------------------------------------------------
 
 def local_files(sources):
     """Expand --source paths (files, or folders searched recursively) into a sorted file list."""
@@ -400,34 +357,32 @@ def local_files(sources):
         if not src.exists():
             raise DataError(f"{src}: no such file or folder")
         found = sorted(p for p in src.rglob("*") if p.is_file() and not p.name.startswith(".")
-                       and p.suffix.lower() in SOURCE_SUFFIXES) if src.is_dir() else [src]
-        if not found:
-            raise DataError(f"{src}: no {'/'.join(SOURCE_SUFFIXES)} files in this folder")
-        if found[0].suffix.lower() not in SOURCE_SUFFIXES:
-            raise DataError(f"{src}: unsupported file type (expected {', '.join(SOURCE_SUFFIXES)})")
+                       and p.suffix in SUFFIXES) if src.is_dir() else [src]
+        if not found or found[0].suffix not in SUFFIXES:
+            raise DataError(f"{src}: {'unsupported file type' if found else 'no source files in this folder'} "
+                            f"(expected {', '.join(SUFFIXES)})")
         files += found
     return files
 
 
 def make_plan(files, val_files, val_fraction):
-    """Decide which documents are validation before anything is tokenized: the last val_files files
-    entirely, or the last val_fraction of every file's documents (whole documents, at least one
-    training document left per file). Counting documents also checks every file early."""
+    """Which documents are validation, decided before anything is tokenized: those of the last
+    val_files files, or the last val_fraction of every file's documents (whole documents, at least
+    one training document left per file). Counting documents checks every file early."""
     plan = []
     for k, path in enumerate(files):
-        n = check_parquet(path) if path.suffix.lower() == ".parquet" else sum(1 for _ in iter_texts(path))
-        val_from = n - min(math.ceil(val_fraction * n), max(n - 1, 0)) if val_fraction else (
-            0 if k >= len(files) - val_files else n)
+        n = check_parquet(path) if path.suffix == ".parquet" else sum(1 for _ in iter_texts(path))
+        val_from = (n - min(math.ceil(val_fraction * n), max(n - 1, 0)) if val_fraction
+                    else 0 if k >= len(files) - val_files else n)
         plan.append({"path": path, "docs": n, "val_from": val_from})
-    if sum(e["docs"] for e in plan) == 0:
-        raise DataError(f"no documents in the source ({', '.join(map(str, files))})")
     if not any(e["val_from"] < e["docs"] for e in plan):
-        raise DataError("the validation split is empty: raise --val-fraction or use --val-shards")
+        raise DataError(f"no validation documents in {', '.join(map(str, files))}: empty files, or raise "
+                        f"--val-fraction")
     return plan
 
 
 def number(lo, hi=math.inf, kind=int):
-    """argparse type: a number in [lo, hi) (integers also written as 2e9)."""
+    """argparse type: a number in [lo, hi) (integers may be written as 2e9)."""
     def parse(text):
         try:
             value = kind(float(text))
@@ -440,20 +395,19 @@ def number(lo, hi=math.inf, kind=int):
 
 
 def parse_args(argv):
+    """Flags, then the defaults and combinations that depend on the source, before any work."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.error = lambda msg: p.exit(2, f"prepare_data.py: error: {msg}\n")  # one line, as all bad input
     p.add_argument("--out", default="data/fineweb", help="output folder (default data/fineweb)")
     p.add_argument("--source", nargs="+", help="local .parquet/.jsonl/.txt files or folders instead of downloading")
-    p.add_argument("--dataset", choices=DATASETS, default="shuffled", help="download karpathy/fineweb-edu-100b-"
-                   "shuffle shards or HuggingFaceFW/fineweb-edu sample/10BT files (default shuffled)")
-    p.add_argument("--shards", type=number(1), help="training shards to download (default 8)")
+    p.add_argument("--shards", type=number(1), help="FineWeb-Edu training shards to download (default 8)")
     held_out = p.add_mutually_exclusive_group()
-    held_out.add_argument("--val-shards", type=number(1), help="validation = the dataset's last N shards, "
-                          "whatever --shards is (default 3 shuffled, 1 official), or the last N --source files (2)")
+    held_out.add_argument("--val-shards", type=number(1), help=f"validation = the dataset's last N shards, "
+                          f"whatever --shards is (default {VAL_SHARDS}), or the last N --source files (default 2)")
     held_out.add_argument("--val-fraction", type=number(0, 1, float), default=0.0,
                           help="--source: validation = this last fraction of every file's documents")
-    p.add_argument("--base-url", help="download host prefix (default: the --dataset's Hugging Face URL)")
-    p.add_argument("--download-dir", help="where downloads are kept (default data/raw/<dataset>)")
+    p.add_argument("--base-url", default=BASE_URL, help="where the shards are (default: Hugging Face)")
+    p.add_argument("--download-dir", default="data/raw", help="where downloads are kept (default data/raw)")
     p.add_argument("--retries", type=number(0), default=5, help="retries per download (default 5)")
     p.add_argument("--tokenizer", choices=["bpe", "llama2"], help="llama2: SentencePiece + <|assistant_end|> "
                    "(default for downloads); bpe: train a byte-level BPE here (default for --source)")
@@ -462,70 +416,61 @@ def parse_args(argv):
     p.add_argument("--seq-len", type=number(1), default=2048, help="rows hold seq-len+1 tokens (default 2048)")
     p.add_argument("--packing", choices=["crop", "split"], help="documents longer than the space left: crop "
                    "(the paper; default for downloads) or split into row-length pieces (default for --source)")
-    p.add_argument("--workers", type=number(1), default=os.cpu_count() or 1,
-                   help="tokenizer threads (default: all cores)")
-    return p.parse_args(argv)
-
-
-def check_args(a):
-    """Source-dependent defaults and flag combinations, before any download or training."""
+    p.add_argument("--workers", type=number(1), default=os.cpu_count() or 1, help="tokenizer threads (all cores)")
+    a = p.parse_args(argv)
     local = a.source is not None
-    if local and (a.shards or a.base_url):
-        raise DataError(f"{'--shards' if a.shards else '--base-url'} applies to downloads, not to --source")
-    if not local and a.val_fraction:
-        raise DataError("--val-fraction is for --source; downloads hold out the dataset's last --val-shards")
-    a.shards = a.shards or 8
-    a.val_shards = 0 if a.val_fraction else a.val_shards or (2 if local else DATASETS[a.dataset][3])
+    if local and a.shards:
+        p.error("--shards applies to downloads, not to --source")
+    a.shards, a.val_shards = a.shards or 8, 0 if a.val_fraction else a.val_shards or (2 if local else VAL_SHARDS)
     a.tokenizer, a.packing = a.tokenizer or ("bpe" if local else "llama2"), a.packing or ("split" if local else "crop")
-    if a.tokenizer == "bpe":
-        a.vocab_size = a.vocab_size or 32000
-        if a.tokenizer_model is not None:
-            raise DataError("--tokenizer-model is for --tokenizer llama2")
-        if not 257 <= a.vocab_size <= MAX_VOCAB:
-            raise DataError(f"--vocab-size {a.vocab_size} out of range: 257 (256 bytes + BOS) to "
-                            f"{MAX_VOCAB} (token ids are stored as uint16)")
-    elif a.vocab_size is not None:
-        raise DataError("--vocab-size is fixed by the SentencePiece model; drop the flag")
-    elif "://" not in (a.tokenizer_model or "://") and not Path(a.tokenizer_model).is_file():
-        raise DataError(f"{a.tokenizer_model}: tokenizer model not found")
+    if a.tokenizer == "llama2" and a.vocab_size:
+        p.error("--vocab-size is fixed by the SentencePiece model; drop the flag")
+    a.vocab_size = a.vocab_size or (32000 if a.tokenizer == "bpe" else None)
+    if not local and a.val_fraction:
+        p.error("--val-fraction is for --source; downloads hold out the dataset's last --val-shards")
+    if a.tokenizer == "bpe" and a.tokenizer_model:
+        p.error("--tokenizer-model is for --tokenizer llama2")
+    if a.tokenizer == "bpe" and not 257 <= a.vocab_size <= MAX_VOCAB:
+        p.error(f"--vocab-size {a.vocab_size} out of range: 257 (256 bytes + BOS) to {MAX_VOCAB} (uint16 ids)")
+    if "://" not in (a.tokenizer_model or "://") and not Path(a.tokenizer_model).is_file():
+        p.error(f"{a.tokenizer_model}: tokenizer model not found")
+    a.command = shlex.join(["python", "prepare_data.py", *map(str, sys.argv[1:] if argv is None else argv)])
+    return a
 
 
 def capped(texts, budget):
     """The texts until `budget` characters have been given, the last one cut to fit."""
     for text in texts:
-        yield text[:budget]
-        budget -= min(len(text), budget)
-        if budget == 0:
+        if budget <= 0:
             return
+        yield text[:budget]
+        budget -= len(text)
 
 
 def prepare(a):
-    """Run the whole pipeline for checked arguments; return the meta dict written."""
-    out, bpe, ddir = Path(a.out), a.tokenizer == "bpe", Path(a.download_dir or f"data/raw/{a.dataset}")
+    """Run the whole pipeline for parsed arguments; return the meta dict written."""
+    out, bpe, ddir = Path(a.out), a.tokenizer == "bpe", Path(a.download_dir)
     if a.source is not None:
         files = local_files(a.source)
         if not a.val_fraction and len(files) <= a.val_shards:
-            raise DataError(f"{len(files)} source file(s) cannot hold out {a.val_shards} validation "
-                            f"file(s) and keep training data; use --val-fraction")
+            raise DataError(f"{len(files)} source file(s) cannot hold out {a.val_shards} validation file(s) and "
+                            f"keep training data; use --val-fraction")
     else:
-        base, n_total, name, _ = DATASETS[a.dataset]
-        if a.shards + a.val_shards > n_total:
-            raise DataError(f"--shards {a.shards} + --val-shards {a.val_shards} exceeds the {n_total} files "
-                            f"of --dataset {a.dataset}")
-        names = [name.format(i) for i in [*range(a.shards), *range(n_total - a.val_shards, n_total)]]
-        files = [ddir / Path(n).name for n in names]
+        if a.shards + a.val_shards > N_SHARDS:
+            raise DataError(f"--shards {a.shards} + --val-shards {a.val_shards} exceeds the {N_SHARDS} shards")
+        names = [f"shard_{i:05d}.parquet" for i in [*range(a.shards), *range(N_SHARDS - a.val_shards, N_SHARDS)]]
         ddir.mkdir(parents=True, exist_ok=True)
-        download_all([f"{(a.base_url or base).rstrip('/')}/{n}" for n in names], files, a.retries)
+        files = download_all([f"{a.base_url.rstrip('/')}/{n}" for n in names], [ddir / n for n in names], a.retries)
     if not bpe:
-        model, pin = a.tokenizer_model or LLAMA2_URL, LLAMA2_SHA256 if not a.tokenizer_model else None
+        model, pin = a.tokenizer_model or LLAMA2_URL, None if a.tokenizer_model else LLAMA2_SHA256
         if "://" in model:
             ddir.mkdir(parents=True, exist_ok=True)
-            model = download_file(model, ddir / model.rsplit("/", 1)[1], a.retries, lambda p: check_sentencepiece(p, pin))
-        check_sentencepiece(model, pin)
+            model = download_file(model, ddir / model.rsplit("/", 1)[1], a.retries, lambda p: check_model(p, pin))
+        check_model(model, pin)
     plan = make_plan(files, a.val_shards, a.val_fraction)
 
-    # What the rows depend on. A dataset in --out is only ever replaced by one built the same way: a
-    # changed flag or source is refused before any work, naming what differs.
+    # What the rows depend on. A dataset in --out is only replaced by one built the same way: another
+    # flag or source is refused before any work, naming what differs.
     split = ({"val_fraction": a.val_fraction} if a.val_fraction
              else {"val_files": [e["path"].name for e in plan if e["val_from"] == 0]})
     settings = {"tokenizer": a.tokenizer, "vocab_size": a.vocab_size, "seq_len": a.seq_len, "packing": a.packing,
@@ -536,10 +481,9 @@ def prepare(a):
             old = json.loads((out / "meta.json").read_text())["settings"]
         except (ValueError, KeyError, TypeError):
             raise DataError(f"{out} holds a dataset of another format; use another --out or delete {out}") from None
-        for key, value in settings.items():
-            if old.get(key) != value:
-                raise DataError(f"{out} holds a dataset built with {key} {json.dumps(old.get(key))}, not "
-                                f"{json.dumps(value)}; use another --out or delete {out}")
+        for key in (k for k in settings if old.get(k) != settings[k]):
+            raise DataError(f"{out} holds a dataset built with {key} {json.dumps(old.get(key))}, not "
+                            f"{json.dumps(settings[key])}; use another --out or delete {out}")
 
     out.mkdir(parents=True, exist_ok=True)
     tok_name = "tokenizer.tiktoken" if bpe else "tokenizer.model"
@@ -548,41 +492,33 @@ def prepare(a):
         t0 = time.time()
         if bpe:
             print(f"tokenizer: training a {a.vocab_size}-token BPE", file=sys.stderr, flush=True)
-            train_bpe(capped(iter_split_texts(plan, "train"), TOKENIZER_CHARS), a.vocab_size, tmp[tok_name])
+            train_texts = (text for split, text in iter_docs(plan) if split == "train")
+            train_bpe(capped(train_texts, TOKENIZER_CHARS), a.vocab_size, tmp[tok_name])
         else:
             tmp[tok_name].write_bytes(Path(model).read_bytes())
         tok_seconds, tok = time.time() - t0, Tokenizer(a.tokenizer, tmp[tok_name])
         st = tokenize_and_pack(plan, tok, a.seq_len + 1, a.packing == "split", a.workers,
                                {"train": tmp["train.bin"], "val": tmp["val.bin"]})
-        for s in ("train", "val"):
-            if st[s]["rows"] == 0:
-                raise DataError(f"{s} split has {st[s]['tokens_in']} tokens, not one full row of "
-                                f"{a.seq_len + 1}: lower --seq-len or add data")
+        for s in (s for s in ("train", "val") if st[s]["rows"] == 0):
+            raise DataError(f"{s} split has {st[s]['tokens_in']} tokens, not one full row of {a.seq_len + 1}: "
+                            f"lower --seq-len or add data")
         if st["shared_docs"]:
             print(f"WARNING: {st['shared_docs']:,} of {st['val']['docs']:,} validation documents are also "
-                  f"training documents (identical text; the same documents in two source files?): the "
-                  f"validation loss will reward memorisation", file=sys.stderr, flush=True)
-        tokens_in = st["train"]["tokens_in"] + st["val"]["tokens_in"]
-        cropped = st["train"]["cropped_tokens"] + st["val"]["cropped_tokens"]
-        meta = {
-            "format": FORMAT, "dtype": "uint16", "tokenizer_kind": a.tokenizer, "tokenizer_file": tok_name,
-            "tokenizer_sha256": sha256_file(tmp[tok_name]), "vocab_size": tok.vocab_size, "bos_id": tok.bos_id,
-            "special_tokens": {BOS_TOKEN: tok.bos_id} if bpe else {"<s>": tok.bos_id, EXTRA_TOKEN: tok.extra_id},
-            "seq_len": a.seq_len, "row_len": a.seq_len + 1,
-            **{f"{s}_{k}": st[s][k] for s in ("train", "val") for k in ("rows", "tokens", "docs")},
-            "train_sha256": sha256_file(tmp["train.bin"]), "val_sha256": sha256_file(tmp["val.bin"]),
-            "cropped_tokens": cropped, "cropped_fraction": cropped / tokens_in,
-            "tail_tokens_dropped": st["train"]["tail_tokens_dropped"] + st["val"]["tail_tokens_dropped"],
-            "shared_docs": st["shared_docs"], "split": split,
-            "packing": {"method": a.packing, "buffer_docs": BUFFER_DOCS},
-            "sources": [{"file": e["path"].name, "path": str(e["path"].resolve()), "docs": e["docs"],
-                         "val_docs": e["docs"] - e["val_from"]} for e in plan],
-            "settings": settings, "tokenizer_train_seconds": round(tok_seconds, 3),
-            "tokenize_pack_seconds": round(st["seconds"], 3), "tokens_per_s": round(st["tokens_per_s"]),
-            "workers": a.workers, "command": a.command}
-        # The old meta.json goes first: a crash midway never leaves new files next to a stale
-        # "complete" marker.
-        (out / "meta.json").unlink(missing_ok=True)
+                  f"training documents (the same text in two source files?): the validation loss will reward "
+                  f"memorisation", file=sys.stderr, flush=True)
+        both = lambda key: st["train"][key] + st["val"][key]  # noqa: E731
+        meta = {"format": FORMAT, "tokenizer_kind": a.tokenizer, "tokenizer_file": tok_name,
+                "tokenizer_sha256": sha256_file(tmp[tok_name]), "vocab_size": tok.vocab_size, "bos_id": tok.bos_id,
+                "special_tokens": {BOS_TOKEN: tok.bos_id} if bpe else {"<s>": tok.bos_id, EXTRA_TOKEN: tok.extra_id},
+                "seq_len": a.seq_len, "row_len": a.seq_len + 1,
+                **{f"{s}_{k}": st[s][k] for s in ("train", "val") for k in ("rows", "tokens", "docs")},
+                "train_sha256": sha256_file(tmp["train.bin"]), "val_sha256": sha256_file(tmp["val.bin"]),
+                "cropped_tokens": both("cropped_tokens"), "cropped_fraction": both("cropped_tokens") / both("tokens_in"),
+                "tail_tokens_dropped": both("tail_tokens_dropped"), "shared_docs": st["shared_docs"], "split": split,
+                "packing": {"method": a.packing, "buffer_docs": BUFFER_DOCS}, "settings": settings,
+                "tokenizer_train_seconds": round(tok_seconds, 3), "tokenize_pack_seconds": round(st["seconds"], 3),
+                "tokens_per_s": round(st["tokens_per_s"]), "workers": a.workers, "command": a.command}
+        (out / "meta.json").unlink(missing_ok=True)  # first: new files never sit next to a stale marker
         for name, path in tmp.items():
             os.replace(path, out / name)
         atomic_write(out / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
@@ -594,9 +530,7 @@ def prepare(a):
 
 def main(argv=None):
     a = parse_args(argv)
-    a.command = shlex.join(["python", "prepare_data.py", *map(str, sys.argv[1:] if argv is None else argv)])
     try:
-        check_args(a)
         os.environ.setdefault("RAYON_NUM_THREADS", str(a.workers))  # rustbpe's thread pool
         meta = prepare(a)
     except DataError as e:
@@ -605,13 +539,12 @@ def main(argv=None):
     for s in ("train", "val"):
         print(f"{s}: {meta[f'{s}_rows']:,} rows x {meta['row_len']} = {meta[f'{s}_tokens']:,} tokens from "
               f"{meta[f'{s}_docs']:,} documents")
-    print(f"vocab {meta['vocab_size']} ({meta['tokenizer_kind']}), packing {a.packing}: "
-          f"{100 * meta['cropped_fraction']:.2f}% of tokens cropped; {meta['tokens_per_s']:,} tokens/s on "
-          f"{a.workers} thread(s) -> {Path(a.out) / 'meta.json'}")
+    print(f"vocab {meta['vocab_size']} ({a.tokenizer}), packing {a.packing}: {100 * meta['cropped_fraction']:.2f}% "
+          f"of tokens cropped; {meta['tokens_per_s']:,} tokens/s on {a.workers} thread(s) -> {a.out}/meta.json")
     print(f"training tokens: {meta['train_tokens']:,} (a run that reads more repeats data)")
 
 
-# --- the data loader API of train.py (numpy + torch, no model code) ------------------------------
+# --- what train.py reads the data with ---------------------------------------------------------
 
 REQUIRED_KEYS = ("format", "tokenizer_kind", "tokenizer_file", "tokenizer_sha256", "vocab_size", "bos_id",
                  "seq_len", "row_len", "train_rows", "val_rows", "train_tokens", "train_sha256", "val_sha256",
@@ -620,9 +553,9 @@ REQUIRED_KEYS = ("format", "tokenizer_kind", "tokenizer_file", "tokenizer_sha256
 
 def read_meta(data_dir, verify=True):
     """The dataset's meta.json as a dict, once the dataset is known whole: every required key,
-    train.bin/val.bin of the size meta.json gives and (verify=True) of its sha256. Else a DataError
+    train.bin/val.bin of the size meta.json gives and (verify=True) of its sha256; else a DataError
     (a ValueError) of one line. verify reads both files (about a second per GB): train.py does it
-    once per start; RowLoader and load_tokenizer skip it."""
+    once per start, RowLoader and load_tokenizer skip it."""
     path = Path(data_dir) / "meta.json"
     rebuild = f"rebuild with prepare_data.py (e.g. --shards 8 --out {data_dir}, or --source PATH)"
     try:
@@ -631,9 +564,8 @@ def read_meta(data_dir, verify=True):
         raise DataError(f"{path}: {e if path.exists() else 'not found'}; {rebuild}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise DataError(f"{path}: not a {FORMAT} dataset (an older format?); {rebuild}")
-    missing = [k for k in REQUIRED_KEYS if k not in meta]
-    if missing:
-        raise DataError(f"{path}: missing key {missing[0]!r}; {rebuild}")
+    for key in (k for k in REQUIRED_KEYS if k not in meta):
+        raise DataError(f"{path}: missing key {key!r}; {rebuild}")
     for split in ("train", "val"):
         bin_path, want = Path(data_dir) / f"{split}.bin", meta[f"{split}_rows"] * meta["row_len"] * 2
         size = bin_path.stat().st_size if bin_path.exists() else "no file,"
@@ -653,7 +585,7 @@ def data_identity(meta):
 
 
 def load_tokenizer(data_dir):
-    """The dataset's tokenizer: .encode(text) -> ids (no BOS), .decode(ids), .bos_id, .vocab_size;
+    """The dataset's tokenizer (.encode(text) -> ids without BOS, .decode, .bos_id, .vocab_size);
     its sha256 must be meta.json's, so a swapped tokenizer file cannot go unnoticed."""
     meta = read_meta(data_dir, verify=False)
     path = Path(data_dir) / meta["tokenizer_file"]
@@ -667,24 +599,18 @@ ROW_ORDER_SEED = 1234  # the data order of every run; change it to resample the 
 
 
 class RowLoader:
-    """Batches of packed rows from train.bin / val.bin, memory-mapped, in a shuffled order.
-
-    Each next_batch() consumes world_size * batch_rows global rows from self.row on; rank k takes
-    rows row + k + world_size * i (i < batch_rows): disjoint ranks that together read what one
-    process with batch_rows * world_size reads. self.row only grows (save it to resume); self.epoch
-    counts passes. Global row g is file row order(epoch)[g % n_rows], a permutation seeded by
-    ROW_ORDER_SEED and the epoch (the same for every run and rank): the packer writes a document's
-    rows next to each other and the sources one after another, so file order would give batches of
-    one or two documents and, for a local corpus, phases of one source. Validation from
-    start_row=0 always gives the same rows, a uniform sample of the split."""
+    """Batches of rows from train.bin / val.bin, memory-mapped, in a shuffled order. next_batch()
+    consumes world_size * batch_rows global rows from self.row on, rank k taking row + k + world_size
+    * i: disjoint ranks that together read what one process would. self.row only grows (save it to
+    resume). Global row g is file row order(epoch)[g % n_rows], a permutation seeded by ROW_ORDER_SEED
+    and the epoch, the same for every run and rank: file order would give batches of one or two
+    documents and phases of one source. Validation from start_row=0 is the same rows every time."""
 
     def __init__(self, data_dir, split, batch_rows, rank=0, world_size=1, start_row=0):
         import torch  # here, not at the top: preparing data never needs torch
         self.torch = torch
-        if split not in ("train", "val"):
-            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-        if batch_rows < 1 or world_size < 1 or not 0 <= rank < world_size or start_row < 0:
-            raise ValueError(f"bad RowLoader arguments: batch_rows={batch_rows}, rank={rank}, "
+        if split not in ("train", "val") or batch_rows < 1 or not 0 <= rank < world_size or start_row < 0:
+            raise ValueError(f"bad RowLoader arguments: split={split!r}, batch_rows={batch_rows}, rank={rank}, "
                              f"world_size={world_size}, start_row={start_row}")
         meta = read_meta(data_dir, verify=False)  # sizes checked; train.py verified the checksums
         self.row_len, self.seq_len, self.n_rows = meta["row_len"], meta["seq_len"], meta[f"{split}_rows"]
@@ -702,8 +628,7 @@ class RowLoader:
 
     def next_batch(self):
         """(x, y): int64 tensors (batch_rows, seq_len); y is x shifted left by one token."""
-        epochs, positions = np.divmod(self.row + self.rank + self.world_size * np.arange(self.batch_rows),
-                                      self.n_rows)
+        epochs, positions = np.divmod(self.row + self.rank + self.world_size * np.arange(self.batch_rows), self.n_rows)
         idx = np.empty_like(positions)
         for epoch in np.unique(epochs):  # a batch may straddle the end of a pass
             idx[epochs == epoch] = self.order(int(epoch))[positions[epochs == epoch]]
