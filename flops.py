@@ -287,31 +287,34 @@ def budget_args(parser):
 
 
 def read_data_meta(data_dir):
-    """vocab, seq-len and training tokens of a prepared dataset, or None when there is none yet.
-    Only meta.json is read (no checksum pass: train.py verifies the data when it starts)."""
+    """vocab, seq-len, training tokens and training files of a prepared dataset, or None when there is
+    none yet. Only meta.json is read (no checksum pass: train.py verifies the data when it starts)."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.exists(path):
         return None
     try:
         meta = json.load(open(path))
+        # Source files are meta["settings"]["sources"]; whole validation files are split["val_files"]
+        # (with --val-fraction every file is partly training data).
+        sources = meta.get("settings", {}).get("sources", [])
+        val_files = meta.get("split", {}).get("val_files", [])
         return {key: meta[key] for key in ("vocab_size", "seq_len", "train_tokens")} | {
-            "sources": meta.get("sources", [])}
-    except (OSError, ValueError, KeyError, TypeError) as e:
+            "train_files": len(sources) - len(val_files)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{path} is unreadable or misses a key ({e!r}): rebuild with prepare_data.py")
 
 
 def data_shortfall(max_tokens, meta, data_dir):
     """One line saying how far the prepared data falls short of the largest run, or None if it covers it.
     A run that reads more tokens than the training split repeats data (a second epoch), which the
-    scaling law does not model (RECIPE §5). Tokens per shard come from this dataset's own sources."""
+    scaling law does not model (RECIPE §5). Tokens per shard are this dataset's own (after packing)."""
     have = meta["train_tokens"]
     if max_tokens <= have:
         return None
-    train_files = [s for s in meta["sources"] if s.get("val_docs", 0) < s.get("docs", 1)]
     msg = f"the largest run reads {max_tokens:,} tokens but {data_dir} holds {have:,} training tokens"
-    if train_files:
-        per_file = have / len(train_files)
-        msg += (f" ({len(train_files)} training shard(s), ~{per_file / 1e6:.1f}M tokens each): prepare "
+    if meta["train_files"] > 0:
+        per_file = have / meta["train_files"]
+        msg += (f" ({meta['train_files']} training shard(s), ~{per_file / 1e6:.1f}M tokens each): prepare "
                 f">= {math.ceil(max_tokens / per_file)} training shards (prepare_data.py --shards N)")
     else:
         msg += f": prepare {max_tokens / have:.1f}x more training data"

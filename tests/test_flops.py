@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -185,9 +186,9 @@ def test_plan_prices_each_line_with_the_datas_vocab_and_estimates_wall_time(tmp_
 
 
 def test_plan_refuses_data_that_the_largest_run_would_repeat(tmp_path):
-    meta = {"vocab_size": 2048, "seq_len": 128, "train_tokens": 300_000,
-            "sources": [{"docs": 9, "val_docs": 0}, {"docs": 9, "val_docs": 0}, {"docs": 9, "val_docs": 0},
-                        {"docs": 4, "val_docs": 4}]}  # three training shards of 100k tokens, one validation
+    meta = {"vocab_size": 2048, "seq_len": 128, "train_tokens": 300_000,  # as prepare_data.py writes it:
+            "settings": {"sources": [["a", 9], ["b", 9], ["c", 9], ["v", 4]]},  # three training shards of
+            "split": {"val_files": ["v"]}}                                       # 100k tokens, one validation
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     line = "big|--r 1 --scale 0.5 --flops 5e12 --head-dim 8 --batch-tokens 2048"
     tokens = flops.tokens_for_budget(ModelConfig(r=1, scale=0.5, head_dim=8, vocab_size=2048, seq_len=128),
@@ -201,6 +202,16 @@ def test_plan_refuses_data_that_the_largest_run_would_repeat(tmp_path):
                                    f"or set ALLOW_REPEAT=1 to repeat data knowingly")
     allowed = plan_cli([line], "--data", str(tmp_path), env=dict(os.environ, ALLOW_REPEAT="1"))
     assert allowed.returncode == 0 and "runs will repeat data" in allowed.stdout
+
+
+def test_plan_reads_the_training_shards_from_a_real_prepared_dataset(sample_data):
+    """The same check on what prepare_data.py writes (one training file, one validation file)."""
+    meta = json.loads((sample_data / "meta.json").read_text())
+    proc = plan_cli(["big|--r 1 --scale 1 --head-dim 16 --flops 1e13 --batch-tokens 1024"], "--data", str(sample_data))
+    per_file = meta["train_tokens"]  # one training shard
+    assert proc.returncode == 2 and f"holds {meta['train_tokens']:,} training tokens (1 training shard(s)" in proc.stderr
+    tokens = int(re.search(r"reads ([\d,]+) tokens", proc.stderr).group(1).replace(",", ""))
+    assert f"prepare >= {math.ceil(tokens / per_file)} training shards" in proc.stderr
 
 
 @pytest.mark.parametrize("lines, reason", [

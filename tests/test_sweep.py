@@ -175,8 +175,7 @@ def fake_train(tmp_path):
     python.chmod(0o755)
     data = tmp_path / "data"
     data.mkdir()
-    (data / "meta.json").write_text(json.dumps({"vocab_size": 2048, "seq_len": 128, "train_tokens": 10 ** 8,
-                                                "sources": []}))
+    (data / "meta.json").write_text(json.dumps({"vocab_size": 2048, "seq_len": 128, "train_tokens": 10 ** 8}))
     calls = tmp_path / "calls.jsonl"
     return {"PYTHON": str(python), "DATA": str(data), "FAKE_CALLS": str(calls)}, calls
 
@@ -272,8 +271,7 @@ def test_data_that_does_not_cover_the_largest_run_is_refused_before_any_run(fake
     env, calls = fake_train
     largest = max(plan_rows("smoke")[0], key=lambda x: x["D"])
     meta = {"vocab_size": 512, "seq_len": 64, "train_tokens": 10_000,
-            "sources": [{"file": "a", "docs": 10, "val_docs": 0}, {"file": "b", "docs": 10, "val_docs": 0},
-                        {"file": "v", "docs": 5, "val_docs": 5}]}
+            "settings": {"sources": [["a", 1], ["b", 1], ["v", 1]]}, "split": {"val_files": ["v"]}}
     Path(env["DATA"], "meta.json").write_text(json.dumps(meta))
     env.update(OUT=str(tmp_path / "out"))
     proc = sweep("--grid", "smoke", "--no-fit", env=env, check=False)
