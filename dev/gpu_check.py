@@ -7,8 +7,8 @@ One-shot GPU check: does the training step run on a GPU, how fast, in how much m
 For s = 10 and s = 24, each at r = 1, r = 4 and r = 4 with r_bwd = 2, eagerly and under torch.compile
 (12 configurations), it runs real training steps the way train.py does them: bf16 autocast, seq len
 2048, forward + backward + MuonH/AdamW step (muonh.build_optimizers over model.param_groups(), the
-paper's learning rates at the reference batch). Micro-batch: 16 rows at s = 10, 8 rows at s = 24
-(halved and retried on out-of-memory; the row count used is reported). Per configuration it writes:
+paper's learning rates at the reference batch). Micro-batch: 16 rows of 2048 tokens, train.py's
+default (halved and retried on out-of-memory; the rows used are reported). Per configuration:
 
   tokens_per_s, mfu       one micro-batch + one optimiser step per step, warm-up steps excluded;
                           MFU = flops.flops_per_token x tokens/s / peak (H200: 989 TFLOP/s dense bf16)
@@ -33,9 +33,13 @@ Data: random tokens (uniform over the vocabulary, one fixed batch per configurat
 box has no dataset: losses sit near ln(vocab) = 10.4 and only drop by memorising the batch. The speed
 does not depend on the token values. Every configuration is appended to the JSON as soon as it ends,
 a failing one (compile error, OOM at 1 row) is recorded with its error and the rest go on, and
---max-seconds skips configurations that would not finish in time. Planned cost (flops.py): one step is
-34 TFLOP at s = 10 (16 rows) and 73 TFLOP at s = 24 (8 rows), ~0.1-0.3 s on an H200; the compiles
-(~30-90 s each) dominate the budget, so the eager runs come first.
+--max-seconds skips configurations that would not finish in time.
+
+Planned cost (flops.py): one step of 16 x 2048 tokens is 34 TFLOP at s = 10 and 146 TFLOP at s = 24
+(r = 1), ~0.1 s and ~0.4 s on an H200 at 30-35% MFU, so 13 steps take seconds; the compiles (~30-90 s
+each) dominate the budget, which is why the eager runs come first. Eager peak memory at s = 24,
+estimated: ~62 GB of activations (1.9 MB/token, measured on CPU under bf16 autocast) + ~10 GB of
+weights and optimiser state + backward transients: 80-100 GB of the H200's 141.
 
 --tiny (CPU smoke test): every configuration at scale 0.25, head dim 8, seq len 64, vocab 512,
 effective depth 8 (r = 4: prelude 2 + 4 x 1 shared layer + coda 2), 2 rows, one thread, fp32 training
@@ -64,13 +68,13 @@ import flops  # noqa: E402
 from model import GPT, attention_backend  # noqa: E402
 from muonh import REF_BATCH_TOKENS, build_optimizers, learning_rates  # noqa: E402
 
-# (name, r, r_bwd) x (scale, rows), in order of priority: eager first (cheap, so a run cut short by
+# (name, r, r_bwd) x scale, in order of priority: eager first (cheap, so a run cut short by
 # --max-seconds still has every architecture), truncated BPTT last among the compiled ones.
 ARCHS = (("r1", 1, 1), ("r4", 4, 4), ("r4_bwd2", 4, 2))
-SCALES = ((10, 16), (24, 8))
+ROWS = 16  # train.py's micro-batch: --device-batch 0 picks the largest divisor of the rows per rank <= 16
 CONFIGS = [dict(name=f"s{s}_{arch}_{'compiled' if compiled else 'eager'}", scale=s, r=r, r_bwd=r_bwd,
-                rows=rows, compiled=compiled)
-           for compiled in (False, True) for arch, r, r_bwd in ARCHS for s, rows in SCALES]
+                rows=ROWS, compiled=compiled)
+           for compiled in (False, True) for arch, r, r_bwd in ARCHS for s in (10, 24)]
 FIRST_COMPILE_GUESS_S = 90  # time budget for the first inductor compile, before one has been measured
 TINY_SHAPE = dict(scale=0.25, head_dim=8, seq_len=64, vocab_size=512, depth=8)
 
@@ -288,15 +292,20 @@ def main(argv=None):
               "configs": [], "wall_s": 0.0}
     # Longest eager / compiled configuration so far: the estimate of the next one's time.
     spent = {False: 0.0, True: 0.0 if args.tiny else FIRST_COMPILE_GUESS_S}
+    rows_that_fit = {}
     for spec in CONFIGS:
         if only and spec["name"] not in only:
             continue
-        spec = dict(spec, rows=2) if args.tiny else spec
+        # A compiled run starts at the rows its eager twin fitted in: an OOM after a compile is costly.
+        shape_key = (spec["scale"], spec["r"], spec["r_bwd"])
+        spec = dict(spec, rows=2 if args.tiny else rows_that_fit.get(shape_key, spec["rows"]))
         if time.time() + spent[spec["compiled"]] > args.deadline:
             row = dict(spec, status="skipped", error=f"--max-seconds {args.max_seconds:g} would be exceeded")
         else:
             row = run_config(spec, args, device)
             spent[spec["compiled"]] = max(spent[spec["compiled"]], row["wall_s"])
+            if row["status"] == "ok":
+                rows_that_fit[shape_key] = row["rows"]
         report["configs"].append(row)
         report["wall_s"] = time.time() - start
         print(f"{row['name']}: {row['status']}" + (f" ({row['error']})" if row["error"] else
