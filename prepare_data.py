@@ -1,18 +1,16 @@
 """
-Download, tokenize and pack FineWeb-Edu (or local text) into rows of seq_len + 1 uint16 tokens
-(inputs plus the target shift): the identical, deterministic stream every architecture reads, each
-document starting with BOS, best-fit packed without padding (RECIPE §5).
+Download, tokenize and pack FineWeb-Edu (or local text) into rows of seq_len + 1 uint16 tokens: the one
+deterministic stream every architecture reads, each document starting with BOS, best-fit packed (RECIPE §5).
 
     python prepare_data.py --shards 150 --out data/fineweb          # the paper's data (internet)
     python prepare_data.py --source ../shared/data/micro-corpus --vocab-size 2048 --seq-len 128 \
         --val-fraction 0.02 --out data/micro-2k                    # local text, the CPU grids
 
-Downloads follow the paper (§4.1): Llama 2's SentencePiece tokenizer plus <|assistant_end|> (32,001
-ids, as the authors' nanochat fork; flops.py pads to 32,064), packing that crops a document longer
-than the space left (every row starts at a document start), validation = the dataset's last shards
-whatever --shards is. Local --source text gets a byte-level BPE trained here (rustbpe, served by
-tiktoken) and long documents split into row-length pieces (cropping a book to one 129-token row would
-discard nearly all of it); validation = --val-fraction of every file's documents or its last files.
+Downloads follow the paper (§4.1): Llama 2's SentencePiece tokenizer plus <|assistant_end|> (32,001 ids,
+as the authors' nanochat fork; flops.py pads to 32,064), packing that crops a document longer than the
+space left, validation = the dataset's last shards whatever --shards is. Local --source text gets a
+byte-level BPE trained here (rustbpe, served by tiktoken) and splits long documents into row-length
+pieces (cropping a book to one 129-token row would discard nearly all of it).
 Output: train.bin, val.bin, the tokenizer and meta.json, written last (a complete dataset).
 """
 import argparse
@@ -42,17 +40,15 @@ from urllib3.util.retry import Retry
 
 BASE_URL = "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main"
 N_SHARDS = 1823  # shard_00000.parquet .. shard_01822.parquet, documents pre-shuffled
-# Validation = the last VAL_SHARDS shards. The paper evaluates 34,560 rows of 2,049 tokens (70.8M); a
-# shard holds ~250M characters, ~60M Llama-2 tokens, ~39M after cropping (nanochat measures ~35%
-# cropped at T = 2048): 2 shards just suffice, 3 leave room for the short last shard.
+# The paper evaluates 34,560 rows of 2,049 tokens (70.8M). A shard holds ~250M characters, ~60M Llama-2
+# tokens, ~39M after cropping (nanochat: ~35% cropped at T = 2048): 2 shards suffice, 3 allow a short last one.
 VAL_SHARDS = 3
 # Llama 2's tokenizer.model from an ungated copy of meta-llama/Llama-2-7b-hf; the sha256 of Meta's file.
 LLAMA2_URL = "https://huggingface.co/NousResearch/Llama-2-7b-hf/resolve/main/tokenizer.model"
 LLAMA2_SHA256 = "9e556afd44213b6bd1be2b850ebbbd98f5481437a8021afaf58ee7fb1818d347"
 EXTRA_TOKEN = "<|assistant_end|>"  # the id after the SentencePiece pieces; never in pretraining text
 BOS_TOKEN = "<|bos|>"               # the BPE's one special token, the id after the last merge
-# GPT-4's split pattern (cl100k): words with an optional leading space, numbers in groups of at most
-# three digits, punctuation runs, whitespace. Merges never cross these boundaries.
+# GPT-4's split pattern (cl100k): merges never cross word, 3-digit number, punctuation or space boundaries.
 SPLIT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}|"""
                  r""" ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+""")
 MAX_VOCAB = 65536                # token ids are stored as uint16
@@ -74,9 +70,8 @@ def sha256_file(path):
 
 
 def atomic_write(path, data):
-    """Write `data` (bytes, or a callable writing to a binary file) to `path` so that a crash leaves
-    the old file or the whole new one: a uniquely named temp file in the same folder (two writers
-    never share it), fsynced, renamed over `path`, then the folder fsynced (the rename is durable)."""
+    """Write `data` (bytes, or a callable writing to a binary file) so a crash leaves the old file or the
+    whole new one: a uniquely named temp file beside it, fsynced, renamed over `path`, folder fsynced."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
@@ -93,8 +88,7 @@ def atomic_write(path, data):
 
 
 def check_parquet(path):
-    """Check a parquet file from its footer alone (it opens, its 'text' column holds strings), so
-    every source is checked before any expensive work. Returns its row count."""
+    """Row count of a parquet file whose footer opens and whose 'text' column holds strings (cheap)."""
     try:
         with pq.ParquetFile(path) as pf:
             schema, rows = pf.schema_arrow, pf.metadata.num_rows
@@ -107,8 +101,7 @@ def check_parquet(path):
 
 
 def iter_texts(path):
-    """Every document of a source file in order: a parquet 'text' column, the string 'text' field
-    of each non-blank .jsonl line, or a whole .txt file."""
+    """A source file's documents: its parquet 'text' column, .jsonl lines' 'text' fields, or a whole .txt."""
     if path.suffix == ".parquet":
         try:
             with pq.ParquetFile(path) as pf:
@@ -143,9 +136,9 @@ def iter_docs(plan):
 
 
 def download_file(url, dest, retries=5, check=check_parquet):
-    """Fetch url into dest.tmp, check it, rename it: a dest on disk is whole (and only re-checked).
-    urllib3's Retry retries failed connections and 408/429/5xx answers with backoff; a connection
-    dropped mid-file resumes from the bytes on disk with an HTTP Range request, `retries` times."""
+    """Fetch url into dest.tmp, check it, rename it: a dest on disk is whole (and only re-checked). urllib3's
+    Retry retries connections and 408/429/5xx answers with backoff; a transfer that drops mid-file resumes
+    from the bytes on disk with an HTTP Range request, `retries` times."""
     dest, tmp = Path(dest), Path(f"{dest}.tmp")
     if dest.exists():
         try:
@@ -164,12 +157,9 @@ def download_file(url, dest, retries=5, check=check_parquet):
         except requests.RequestException as e:
             raise DataError(f"{url}: {type(e).__name__} after {retries} retries ({e})") from None
         with r:
-            span = r.headers.get("Content-Range", "")
-            if r.status_code == 416 and span.endswith(f"/{have}"):
-                break  # nothing past our end, and the remote file is our size: the .tmp is whole
-            if r.status_code == 416 or (r.status_code == 206 and not span.startswith(f"bytes {have}-")):
-                tmp.unlink()  # the .tmp belongs to another version of the file: start clean
-                problem = f"HTTP {r.status_code} on resume (Content-Range '{span}')"
+            if r.status_code == 416:  # the .tmp is not a strict prefix of the remote file: start clean
+                tmp.unlink()
+                problem = f"HTTP 416 on resume from byte {have}"
                 continue
             if r.status_code >= 400:
                 raise DataError(f"{url}: HTTP {r.status_code} {r.reason}")
@@ -209,9 +199,8 @@ def download_all(urls, paths, retries):
 
 
 class Tokenizer:
-    """encode (no BOS), encode_batch, decode, bos_id, vocab_size (every id, specials included).
-    'bpe': a tiktoken rank file trained here, BOS the id after the last rank. 'llama2': a
-    SentencePiece model with its own BOS (<s>), plus EXTRA_TOKEN as one more id after its pieces."""
+    """encode (no BOS), encode_batch, decode, bos_id, vocab_size (all ids). 'bpe': tiktoken ranks trained
+    here, BOS after the last rank; 'llama2': SentencePiece with its BOS <s>, EXTRA_TOKEN after its pieces."""
 
     def __init__(self, kind, path):
         self.kind = kind
@@ -247,13 +236,6 @@ class Tokenizer:
         return "".join(EXTRA_TOKEN * len(list(g)) if extra else self._sp.decode(list(g)) for extra, g in runs)
 
 
-def check_model(path, sha256=None):
-    """A SentencePiece model that loads and, when sha256 is given (the default Llama 2 URL), is that file."""
-    Tokenizer("llama2", path)
-    if sha256 and sha256_file(path) != sha256:
-        raise DataError(f"{path}: sha256 {sha256_file(path)} is not Llama 2's tokenizer's ({sha256})")
-
-
 def train_bpe(texts, vocab_size, out_path):
     """Train a byte-level BPE (vocab_size counts BOS) with rustbpe; write its ranks in tiktoken's file
     format, as tiktoken.load.dump_tiktoken_bpe would (which needs the blobfile package)."""
@@ -268,19 +250,17 @@ def train_bpe(texts, vocab_size, out_path):
 
 
 class Packer:
-    """Best-fit packing of BOS-started documents into rows of exactly row_len tokens (RECIPE §5, the
-    authors' prepack, nanochat's BOS-aligned best-fit): from a buffer of BUFFER_DOCS documents the
-    row takes the largest that fits the space left; when none fits, the shortest is cropped to fill
-    the row (its rest discarded and counted; the shortest wastes least). So every row starts with a
-    BOS; no padding; the last partial row is dropped and counted; ties go to the earliest document.
-    split_long (local corpora of whole books): a document longer than a row is first cut into
-    row_len pieces, buffered one by one, and so kept whole; only its first piece starts with BOS."""
+    """Best-fit packing into rows of exactly row_len tokens (RECIPE §5; the authors' prepack, nanochat's
+    BOS-aligned best-fit): from a buffer of BUFFER_DOCS documents a row takes the largest that fits the
+    space left; when none fits, the shortest is cropped to fill the row (the rest is discarded and
+    counted). So every row starts with a BOS; no padding; ties go to the earliest document.
+    split_long (local corpora of whole books): a document longer than a row is first cut into row_len
+    pieces, buffered one by one and so kept whole; only its first piece starts with BOS."""
 
-    def __init__(self, out_file, row_len, split_long, buffer_docs=BUFFER_DOCS, block_rows=None):
+    def __init__(self, out_file, row_len, split_long, buffer_docs=BUFFER_DOCS):
         self.out, self.row_len, self.split_long, self.buffer_docs = out_file, row_len, split_long, buffer_docs
         self.keys, self.pieces, self.seq = [], {}, 0  # keys: sorted (length, seq); seq -> tokens
-        self.block = np.empty((block_rows or max(1, (1 << 22) // row_len), row_len), np.uint16)
-        self.block_fill = self.fill = 0  # complete rows in block; tokens in the current row
+        self.row, self.fill = np.empty(row_len, np.uint16), 0  # the row being filled
         self.rows = self.docs = self.tokens_in = self.cropped = 0
 
     def add_document(self, tokens):
@@ -300,27 +280,24 @@ class Packer:
         length, seq = self.keys.pop(bisect.bisect_left(self.keys, (self.keys[fit - 1][0], -1)) if fit else 0)
         piece = self.pieces.pop(seq)[:space]
         self.cropped += length - len(piece)
-        self.block[self.block_fill, self.fill:self.fill + len(piece)] = piece
+        self.row[self.fill:self.fill + len(piece)] = piece
         self.fill += len(piece)
         if self.fill == self.row_len:
-            self.fill, self.block_fill, self.rows = 0, self.block_fill + 1, self.rows + 1
-            if self.block_fill == len(self.block):
-                self.out.write(self.block.tobytes())
-                self.block_fill = 0
+            self.out.write(self.row.tobytes())
+            self.fill, self.rows = 0, self.rows + 1
 
     def finish(self):
+        """Place what is buffered; the last partial row is dropped (never padded) and counted."""
         while self.keys:
             self._place_one()
-        self.out.write(self.block[:self.block_fill].tobytes())
         return {"rows": self.rows, "docs": self.docs, "tokens_in": self.tokens_in, "cropped_tokens": self.cropped,
                 "tokens": self.rows * self.row_len, "tail_tokens_dropped": self.fill}
 
 
 def tokenize_and_pack(plan, tok, row_len, split_long, threads, out_paths):
-    """Tokenize every planned document on `threads` threads (tiktoken and sentencepiece release the
-    GIL, so the next batch is tokenized while this one is packed) and best-fit pack each split into
-    out_paths[split]. Returns per-split stats, tokens/s, and how many validation documents are also
-    training documents (compared by hash, 8 bytes per document)."""
+    """Tokenize the planned documents on `threads` threads (the next batch while this one is packed: the
+    tokenizers release the GIL) and pack each split into out_paths[split]. Returns per-split stats,
+    tokens/s and how many validation documents are also training documents (8-byte hashes)."""
     t0 = last_print = time.time()
     n_docs, tokens_in, hashes = sum(e["docs"] for e in plan), 0, {"train": array("q"), "val": array("q")}
     with open(out_paths["train"], "wb") as f_train, open(out_paths["val"], "wb") as f_val, \
@@ -366,9 +343,8 @@ def local_files(sources):
 
 
 def make_plan(files, val_files, val_fraction):
-    """Which documents are validation, decided before anything is tokenized: those of the last
-    val_files files, or the last val_fraction of every file's documents (whole documents, at least
-    one training document left per file). Counting documents checks every file early."""
+    """Validation, decided before any tokenizing: the last val_files files, or the last val_fraction of every
+    file's documents (at least one left for training). Counting documents checks every file early."""
     plan = []
     for k, path in enumerate(files):
         n = check_parquet(path) if path.suffix == ".parquet" else sum(1 for _ in iter_texts(path))
@@ -384,13 +360,11 @@ def make_plan(files, val_files, val_fraction):
 def number(lo, hi=math.inf, kind=int):
     """argparse type: a number in [lo, hi) (integers may be written as 2e9)."""
     def parse(text):
-        try:
-            value = kind(float(text))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        value = kind(float(text))  # a ValueError becomes argparse's "invalid number value: 'x'"
         if not lo <= value < hi:
             raise argparse.ArgumentTypeError(f"{text} is not in [{lo}, {hi})")
         return value
+    parse.__name__ = "number"
     return parse
 
 
@@ -461,12 +435,16 @@ def prepare(a):
         names = [f"shard_{i:05d}.parquet" for i in [*range(a.shards), *range(N_SHARDS - a.val_shards, N_SHARDS)]]
         ddir.mkdir(parents=True, exist_ok=True)
         files = download_all([f"{a.base_url.rstrip('/')}/{n}" for n in names], [ddir / n for n in names], a.retries)
-    if not bpe:
-        model, pin = a.tokenizer_model or LLAMA2_URL, None if a.tokenizer_model else LLAMA2_SHA256
+    if not bpe:  # a SentencePiece model that loads; the default one must be Llama 2's file
+        model = a.tokenizer_model or LLAMA2_URL
+
+        def check_model(path):
+            if Tokenizer("llama2", path) and not a.tokenizer_model and sha256_file(path) != LLAMA2_SHA256:
+                raise DataError(f"{path}: sha256 {sha256_file(path)} is not Llama 2's tokenizer's ({LLAMA2_SHA256})")
         if "://" in model:
             ddir.mkdir(parents=True, exist_ok=True)
-            model = download_file(model, ddir / model.rsplit("/", 1)[1], a.retries, lambda p: check_model(p, pin))
-        check_model(model, pin)
+            model = download_file(model, ddir / model.rsplit("/", 1)[1], a.retries, check_model)
+        check_model(model)
     plan = make_plan(files, a.val_shards, a.val_fraction)
 
     # What the rows depend on. A dataset in --out is only replaced by one built the same way: another
@@ -492,11 +470,11 @@ def prepare(a):
         t0 = time.time()
         if bpe:
             print(f"tokenizer: training a {a.vocab_size}-token BPE", file=sys.stderr, flush=True)
-            train_texts = (text for split, text in iter_docs(plan) if split == "train")
-            train_bpe(capped(train_texts, TOKENIZER_CHARS), a.vocab_size, tmp[tok_name])
+            train_bpe(capped((t for s, t in iter_docs(plan) if s == "train"), TOKENIZER_CHARS), a.vocab_size,
+                      tmp[tok_name])
         else:
             tmp[tok_name].write_bytes(Path(model).read_bytes())
-        tok_seconds, tok = time.time() - t0, Tokenizer(a.tokenizer, tmp[tok_name])
+        tok = Tokenizer(a.tokenizer, tmp[tok_name])
         st = tokenize_and_pack(plan, tok, a.seq_len + 1, a.packing == "split", a.workers,
                                {"train": tmp["train.bin"], "val": tmp["val.bin"]})
         for s in (s for s in ("train", "val") if st[s]["rows"] == 0):
@@ -516,8 +494,7 @@ def prepare(a):
                 "cropped_tokens": both("cropped_tokens"), "cropped_fraction": both("cropped_tokens") / both("tokens_in"),
                 "tail_tokens_dropped": both("tail_tokens_dropped"), "shared_docs": st["shared_docs"], "split": split,
                 "packing": {"method": a.packing, "buffer_docs": BUFFER_DOCS}, "settings": settings,
-                "tokenizer_train_seconds": round(tok_seconds, 3), "tokenize_pack_seconds": round(st["seconds"], 3),
-                "tokens_per_s": round(st["tokens_per_s"]), "workers": a.workers, "command": a.command}
+                "seconds": round(time.time() - t0, 1), "tokens_per_s": round(st["tokens_per_s"]), "command": a.command}
         (out / "meta.json").unlink(missing_ok=True)  # first: new files never sit next to a stale marker
         for name, path in tmp.items():
             os.replace(path, out / name)
@@ -552,10 +529,8 @@ REQUIRED_KEYS = ("format", "tokenizer_kind", "tokenizer_file", "tokenizer_sha256
 
 
 def read_meta(data_dir, verify=True):
-    """The dataset's meta.json as a dict, once the dataset is known whole: every required key,
-    train.bin/val.bin of the size meta.json gives and (verify=True) of its sha256; else a DataError
-    (a ValueError) of one line. verify reads both files (about a second per GB): train.py does it
-    once per start, RowLoader and load_tokenizer skip it."""
+    """meta.json as a dict once the dataset is known whole: every required key, .bin files of the recorded
+    size and (verify: a full read, ~1 s/GB, once per train.py start) sha256; else a one-line DataError."""
     path = Path(data_dir) / "meta.json"
     rebuild = f"rebuild with prepare_data.py (e.g. --shards 8 --out {data_dir}, or --source PATH)"
     try:
@@ -599,12 +574,10 @@ ROW_ORDER_SEED = 1234  # the data order of every run; change it to resample the 
 
 
 class RowLoader:
-    """Batches of rows from train.bin / val.bin, memory-mapped, in a shuffled order. next_batch()
-    consumes world_size * batch_rows global rows from self.row on, rank k taking row + k + world_size
-    * i: disjoint ranks that together read what one process would. self.row only grows (save it to
-    resume). Global row g is file row order(epoch)[g % n_rows], a permutation seeded by ROW_ORDER_SEED
-    and the epoch, the same for every run and rank: file order would give batches of one or two
-    documents and phases of one source. Validation from start_row=0 is the same rows every time."""
+    """Batches of rows from train.bin / val.bin (memory-mapped) in a shuffled order. next_batch() consumes
+    world_size * batch_rows global rows from self.row (save it to resume), rank k taking row + k + world_size
+    * i. Global row g is file row order(epoch)[g % n_rows], a permutation seeded by ROW_ORDER_SEED and the
+    epoch: file order would give batches of one or two documents. Validation from row 0 is always the same."""
 
     def __init__(self, data_dir, split, batch_rows, rank=0, world_size=1, start_row=0):
         import torch  # here, not at the top: preparing data never needs torch

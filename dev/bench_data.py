@@ -60,8 +60,9 @@ def main():
 
     print(f"cpu cores {os.cpu_count()}, load average at start {os.getloadavg()[0]:.2f}")
     plan = pdata.make_plan(pdata.local_files([a.source]), 0, a.val_fraction)
-    train_texts = list(pdata.iter_split_texts(plan, "train"))
-    val_texts = list(pdata.iter_split_texts(plan, "val"))
+    docs = list(pdata.iter_docs(plan))
+    train_texts = [text for split, text in docs if split == "train"]
+    val_texts = [text for split, text in docs if split == "val"]
     n_chars = sum(map(len, train_texts)) + sum(map(len, val_texts))
     print(f"corpus: {len(train_texts)} train + {len(val_texts)} held-out documents, "
           f"{n_chars / 1e6:.1f}M characters")
