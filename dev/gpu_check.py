@@ -243,15 +243,17 @@ def write_outputs(out, stem, report):
         lines.append(f"{row['name']:<22}{row['rows']:>5}{row['tokens_per_s']:>10,.0f}{cell(row['mfu'], 7, '.1%')}"
                      f"{cell(row['at_2p18_mfu'], 10, '.1%')}{row['fwd_bwd_s']:>10.3f}{row['optimizer_s']:>9.3f}"
                      f"{cell(row['compile_s'], 10, '.1f')}{cell(row['peak_mem_gib'], 9, '.1f')}"
-                     f"{row['loss_first']:>9.3f}>{row['loss_last']:<7.3f}{cell(row['loss_bf16_minus_fp32'], 11, '+.4f')}")
-    lines.append(f"\ntotal {report['wall_s']:.0f} s. MFU = flops.py F x tokens/s / "
-                 + (f"{env['peak_bf16_flops']:.3g} FLOP/s" if env.get("peak_bf16_flops") else "peak (none known for this device)")
-                 + "; @2^18 = projected with gradient accumulation to the paper's 2^18-token batch")
+                     f"{row['loss_first']:>9.3f}>{row['loss_last']:<7.3f}"
+                     f"{cell(row['loss_bf16_minus_fp32'], 11, '+.4f')}")
+    peak = f"{env['peak_bf16_flops']:.3g} FLOP/s" if env.get("peak_bf16_flops") else "peak (none known for this device)"
+    lines.append(f"\ntotal {report['wall_s']:.0f} s. MFU = flops.py F x tokens/s / {peak}"
+                 "; @2^18 = projected with gradient accumulation to the paper's 2^18-token batch")
     for row in report["configs"]:
         if row.get("loss_check_error"):
             lines.append(f"bf16-vs-fp32 loss check failed ({row['name']}): {row['loss_check_error']}")
     for text in sorted({w for row in report["configs"] for w in row.get("warnings", [])}):
-        lines.append(f"warning ({', '.join(r['name'] for r in report['configs'] if text in r.get('warnings', []))}): {text}")
+        where = ", ".join(row["name"] for row in report["configs"] if text in row.get("warnings", []))
+        lines.append(f"warning ({where}): {text}")
     save(out / f"{stem}.txt", "\n".join(lines) + "\n")
     return "\n".join(lines)
 
@@ -262,24 +264,25 @@ def main(argv=None):
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--out", default="dev/results/gpu_check", help="folder for gpu_check[_tiny].json/.txt")
     p.add_argument("--steps", type=int, default=None, help="timed steps per configuration (default 10; tiny 2)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed first steps (default 3; tiny 1)")
     p.add_argument("--max-seconds", type=float, default=400, help="skip configurations that would end later")
     p.add_argument("--only", default="", help="comma-separated configuration names, e.g. s24_r4_compiled")
     args = p.parse_args(argv)
     names = [c["name"] for c in CONFIGS]
     only = [n for n in args.only.split(",") if n]
-    for bad, reason in ((args.device not in ("auto", "cpu", "cuda"), f"--device must be auto|cpu|cuda, got {args.device}"),
-                        (args.device == "cuda" and not torch.cuda.is_available(), "--device cuda but no CUDA device is visible"),
-                        (args.steps is not None and args.steps < 1, "--steps must be >= 1"),
-                        (args.warmup is not None and args.warmup < 1, "--warmup must be >= 1 (the first step compiles)"),
-                        (not args.max_seconds > 0, "--max-seconds must be positive"),
-                        (set(only) - set(names), f"--only: unknown {sorted(set(only) - set(names))}; known: {','.join(names)}")):
+    unknown = sorted(set(only) - set(names))
+    checks = ((args.device not in ("auto", "cpu", "cuda"), f"--device must be auto|cpu|cuda, got {args.device}"),
+              (args.device == "cuda" and not torch.cuda.is_available(), "--device cuda but no CUDA is visible"),
+              (args.steps is not None and args.steps < 1, "--steps must be >= 1"),
+              (not args.max_seconds > 0, "--max-seconds must be positive"),
+              (unknown, f"--only: unknown {unknown}; known: {','.join(names)}"))
+    for bad, reason in checks:
         if bad:
             print(f"gpu_check.py: {reason}", file=sys.stderr)
             return 2
     args.steps = args.steps or (2 if args.tiny else 10)
-    args.warmup = args.warmup or (1 if args.tiny else 3)
-    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
+    args.warmup = 1 if args.tiny else 3  # untimed: the first step compiles, the next ones may still tune
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
     if args.tiny and device.type == "cpu":
         torch.set_num_threads(1)  # toy-sized ops: extra threads only add contention on a shared machine
     args.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -31,7 +31,8 @@ def tiny_run(tmp_path_factory):
 def test_the_plan_is_the_issue_13_grid():
     """s = 10 and 24 x (r = 1, r = 4, r = 4 with r_bwd = 2) x (eager, compiled), eager first."""
     combos = {(c["scale"], c["r"], c["r_bwd"], c["compiled"]) for c in gpu_check.CONFIGS}
-    assert combos == {(s, r, rb, comp) for s in (10, 24) for r, rb in ((1, 1), (4, 4), (4, 2)) for comp in (False, True)}
+    archs = ((1, 1), (4, 4), (4, 2))
+    assert combos == {(s, r, rb, comp) for s in (10, 24) for r, rb in archs for comp in (False, True)}
     assert len(NAMES) == 12 == len(set(NAMES))
     assert [c["compiled"] for c in gpu_check.CONFIGS] == [False] * 6 + [True] * 6
 
@@ -99,7 +100,8 @@ def test_a_failing_configuration_is_recorded_and_the_rest_go_on(tmp_path, monkey
         return real_measure(spec, rows, args, device)
 
     monkeypatch.setattr(gpu_check, "measure", flaky_measure)
-    assert gpu_check.main(["--tiny", "--device", "cpu", "--out", str(tmp_path), "--only", "s10_r1_eager,s24_r4_bwd2_eager"]) == 0
+    only = "s10_r1_eager,s24_r4_bwd2_eager"
+    assert gpu_check.main(["--tiny", "--device", "cpu", "--out", str(tmp_path), "--only", only]) == 0
     failed, survived = json.loads((tmp_path / "gpu_check_tiny.json").read_text())["configs"]
     assert failed["status"] == "failed" and failed["error"] == "RuntimeError: Triton compilation failed"
     assert survived["status"] == "ok" and survived["rows"] == 1 and math.isfinite(survived["tokens_per_s"])
