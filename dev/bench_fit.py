@@ -10,9 +10,8 @@ figures; asserts nothing.
 The naive side is what one writes first: a vectorised objective with scipy.special's huber and
 logsumexp, L-BFGS-B with 2-point finite-difference gradients, the same box and tight tolerances, one
 process, and every fit (bootstrap refits included) from 500 random starts. Both sides run scipy's
-BLAS on one thread. Where that would take too
-long it is timed on --naive-restarts starts and extrapolated linearly in the number of L-BFGS-B runs;
-the output says so.
+BLAS on one thread. Where that would take too long it is timed on --naive-restarts starts and
+extrapolated linearly in the number of L-BFGS-B runs; the output says so.
 """
 import argparse
 import os
@@ -20,14 +19,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-from scipy.optimize import minimize
-from scipy.special import huber, logsumexp
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import fit_laws as fl  # noqa: E402
-
-EPOCH_CSV = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "scaling-runs" / "chinchilla-epoch-extracted.csv"
+import fit_laws as fl  # noqa: E402  (first: it puts scipy's BLAS on one thread, for both sides)
+import numpy as np  # noqa: E402
+from epoch_chinchilla import EPOCH_CSV, epoch_rows  # noqa: E402
+from scipy.optimize import minimize  # noqa: E402
+from scipy.special import huber, logsumexp  # noqa: E402
+from synthetic_sweep import synthetic_rows  # noqa: E402
 
 
 def naive_objective(theta, logN_parts, logD, logL, joint):
@@ -71,20 +69,16 @@ def main():
                         help="bootstrap resamples refit with 500 restarts to check the fast refits")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # progress shows when piped to a file
-    # Both sides get scipy's BLAS on one thread, as fit_laws.py sets it in its workers: with the
-    # OpenBLAS thread pool the naive side ran another ~6x slower on a busy 2-core box, which would
-    # flatter the comparison.
-    fl._single_thread_scipy_blas()
+    # Both sides run scipy's BLAS on one thread (fit_laws sets OPENBLAS_NUM_THREADS before scipy loads):
+    # with the OpenBLAS thread pool the naive side ran another ~6x slower on a busy 2-core box, which
+    # would flatter the comparison.
     tight = dict(fl.LBFGS_OPTIONS)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start "
           f"(the box is shared; wall times scale with the load)")
 
     # (a) Epoch's Chinchilla runs, 500 restarts
     if EPOCH_CSV.is_file():
-        raw = fl.load_results(EPOCH_CSV, {"n_params": "Model Size", "flops_budget": "Training FLOP", "val_loss": "loss"})
-        rows, _ = fl.prepare_rows(raw)
-        cut = sorted(r["val_loss"] for r in rows)[-5]
-        rows = [r for r in rows if r["val_loss"] < cut]
+        rows = epoch_rows()
         N, D, L = (np.array([r[k] for r in rows]) for k in ("n_params", "tokens", "val_loss"))
         fast, t_fast = timed(lambda: fl.fit_chinchilla(N, D, L, 500, 0, args.workers))
         one, t_one = timed(lambda: fl.fit_chinchilla(N, D, L, 500, 0, 1))
@@ -109,7 +103,7 @@ def main():
         print(f"\n(a) skipped: {EPOCH_CSV} not found")
 
     # (b) full joint analysis of the synthetic 116-run grid with a 200-resample bootstrap
-    rows = fl.synthetic_rows(seed=0)
+    rows = synthetic_rows(seed=0)
     res, t_full = timed(lambda: fl.analyse(rows, 500, 200, 16, 0, args.workers))
     joint = res["joint"]
     c = fl._joint_arrays(rows)
