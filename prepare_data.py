@@ -6,11 +6,9 @@ deterministic stream every architecture reads, each document starting with BOS, 
     python prepare_data.py --source ../shared/data/micro-corpus --vocab-size 2048 --seq-len 128 \
         --val-fraction 0.02 --out data/micro-2k                    # local text, the CPU grids
 
-Downloads follow the paper (§4.1): Llama 2's SentencePiece tokenizer plus <|assistant_end|> (32,001 ids,
-as the authors' nanochat fork; flops.py pads to 32,064), packing that crops a document longer than the
-space left, validation = the dataset's last shards whatever --shards is. Local --source text gets a
-byte-level BPE trained here (rustbpe, served by tiktoken) and splits long documents into row-length
-pieces (cropping a book to one 129-token row would discard nearly all of it).
+Downloads follow the paper (§4.1): Llama 2's tokenizer + <|assistant_end|> (32,001 ids, as the authors'
+nanochat fork), crop packing, validation = the dataset's last shards. Local --source text gets a BPE trained
+here (rustbpe, served by tiktoken) and split packing (cropping a book to one row would discard most of it).
 Output: train.bin, val.bin, the tokenizer and meta.json, written last (a complete dataset).
 """
 import argparse
@@ -75,9 +73,8 @@ def atomic_write(path, data):
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb", buffering=0) as f:  # unbuffered: fsync sees every byte
             f.write(data) if isinstance(data, (bytes, bytearray)) else data(f)
-            f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
@@ -331,13 +328,10 @@ def local_files(sources):
     """Expand --source paths (files, or folders searched recursively) into a sorted file list."""
     files = []
     for src in map(Path, sources):
-        if not src.exists():
-            raise DataError(f"{src}: no such file or folder")
-        found = sorted(p for p in src.rglob("*") if p.is_file() and not p.name.startswith(".")
-                       and p.suffix in SUFFIXES) if src.is_dir() else [src]
+        found = [src] if src.is_file() else sorted(
+            p for p in src.rglob("*") if p.is_file() and p.suffix in SUFFIXES and not p.name.startswith("."))
         if not found or found[0].suffix not in SUFFIXES:
-            raise DataError(f"{src}: {'unsupported file type' if found else 'no source files in this folder'} "
-                            f"(expected {', '.join(SUFFIXES)})")
+            raise DataError(f"{src}: not a {'/'.join(SUFFIXES)} file, nor a folder holding one")
         files += found
     return files
 
@@ -376,20 +370,17 @@ def parse_args(argv):
     p.add_argument("--source", nargs="+", help="local .parquet/.jsonl/.txt files or folders instead of downloading")
     p.add_argument("--shards", type=number(1), help="FineWeb-Edu training shards to download (default 8)")
     held_out = p.add_mutually_exclusive_group()
-    held_out.add_argument("--val-shards", type=number(1), help=f"validation = the dataset's last N shards, "
-                          f"whatever --shards is (default {VAL_SHARDS}), or the last N --source files (default 2)")
-    held_out.add_argument("--val-fraction", type=number(0, 1, float), default=0.0,
-                          help="--source: validation = this last fraction of every file's documents")
+    held_out.add_argument("--val-shards", type=number(1), help=f"validation: the last N shards (default {VAL_SHARDS})")
+    held_out.add_argument("--val-fraction", type=number(0, 1, float), default=0.0, help="--source: validation = "
+                          "the last fraction of every file's documents (default: the last 2 files)")
     p.add_argument("--base-url", default=BASE_URL, help="where the shards are (default: Hugging Face)")
     p.add_argument("--download-dir", default="data/raw", help="where downloads are kept (default data/raw)")
     p.add_argument("--retries", type=number(0), default=5, help="retries per download (default 5)")
-    p.add_argument("--tokenizer", choices=["bpe", "llama2"], help="llama2: SentencePiece + <|assistant_end|> "
-                   "(default for downloads); bpe: train a byte-level BPE here (default for --source)")
+    p.add_argument("--tokenizer", choices=["bpe", "llama2"], help="default: llama2 for downloads, bpe for --source")
     p.add_argument("--tokenizer-model", help=f"SentencePiece .model file or URL (default {LLAMA2_URL})")
     p.add_argument("--vocab-size", type=int, help="BPE vocabulary including <|bos|> (default 32000)")
     p.add_argument("--seq-len", type=number(1), default=2048, help="rows hold seq-len+1 tokens (default 2048)")
-    p.add_argument("--packing", choices=["crop", "split"], help="documents longer than the space left: crop "
-                   "(the paper; default for downloads) or split into row-length pieces (default for --source)")
+    p.add_argument("--packing", choices=["crop", "split"], help="default: crop for downloads, split for --source")
     p.add_argument("--workers", type=number(1), default=os.cpu_count() or 1, help="tokenizer threads (all cores)")
     a = p.parse_args(argv)
     local = a.source is not None
@@ -456,9 +447,9 @@ def prepare(a):
                 "sources": [[e["path"].name, e["path"].stat().st_size] for e in plan]}
     if (out / "meta.json").exists():
         try:
-            old = json.loads((out / "meta.json").read_text())["settings"]
-        except (ValueError, KeyError, TypeError):
-            raise DataError(f"{out} holds a dataset of another format; use another --out or delete {out}") from None
+            old = json.loads((out / "meta.json").read_text()).get("settings", {})
+        except ValueError:
+            old = {}
         for key in (k for k in settings if old.get(k) != settings[k]):
             raise DataError(f"{out} holds a dataset built with {key} {json.dumps(old.get(key))}, not "
                             f"{json.dumps(settings[key])}; use another --out or delete {out}")
@@ -507,8 +498,8 @@ def prepare(a):
 
 def main(argv=None):
     a = parse_args(argv)
+    os.environ.setdefault("RAYON_NUM_THREADS", str(a.workers))  # rustbpe's thread pool
     try:
-        os.environ.setdefault("RAYON_NUM_THREADS", str(a.workers))  # rustbpe's thread pool
         meta = prepare(a)
     except DataError as e:
         print(f"prepare_data.py: error: {e}", file=sys.stderr)

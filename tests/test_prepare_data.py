@@ -495,7 +495,7 @@ def test_bad_sources_name_the_file(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     out = ["--out", tmp_path / "out", "--vocab-size", 300, "--val-fraction", 0.1]
-    assert f"{src}: no " in error_of("--source", src, *out)  # empty folder
+    assert f"{src}: not a .parquet/.jsonl/.txt file, nor a folder holding one" in error_of("--source", src, *out)
 
     bad = src / "bad.parquet"
     bad.write_bytes((SAMPLE / "shard_00000.parquet").read_bytes()[:70000])  # truncated
@@ -508,8 +508,8 @@ def test_bad_sources_name_the_file(tmp_path):
     bad.write_text('{"text": "fine"}\n{"text": \n')
     assert f"{bad}:2: not valid JSON" in error_of("--source", bad, *out)
 
-    assert "no such file" in error_of("--source", tmp_path / "nope.jsonl", *out)
-    assert "unsupported file type" in error_of("--source", SAMPLE / "README.md", *out)
+    for missing_or_unsupported in (tmp_path / "nope.jsonl", SAMPLE / "README.md"):
+        assert f"{missing_or_unsupported}: not a .parquet" in error_of("--source", missing_or_unsupported, *out)
     assert not (tmp_path / "out").exists()  # all caught before anything was written
 
 
