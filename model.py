@@ -18,6 +18,8 @@ Options, all fixed by ModelConfig:
   forward(..., r=...) evaluates with a different loop count than trained (App. A).
 """
 import math
+import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -279,7 +281,8 @@ class GPT(nn.Module):
                 u = (self.hc_alpha[step].float()[None] @ lanes).view(shape)
             s = self.run_shared(u, rope)
             with torch.autocast(e.device.type, enabled=False):
-                lanes = self.hc_mix[step].float() @ lanes + self.hc_beta[step].float()[:, None] @ s.float().reshape(1, -1)
+                lanes = (self.hc_mix[step].float() @ lanes
+                         + self.hc_beta[step].float()[:, None] @ s.float().reshape(1, -1))
         return lanes.sum(0).view(shape)
 
     def forward(self, idx, targets=None, r=None):
@@ -338,3 +341,21 @@ def activation_bytes(model, idx):
         loss = model(idx, idx)
     loss.backward()
     return sum(kept.values())
+
+
+def compile_or_eager(model, batch_rows, seq_len):
+    """(torch.compile(model), seconds it took): inductor, GPU and CPU, compiled now by one throwaway
+    forward+backward on a dummy batch so that a missing C++ compiler or an inductor error falls back to
+    (model, seconds) with one line on stderr instead of failing mid-run. RNG state and gradients are left
+    as they were, so a resumed run stays exact. Call it under the autocast the model will train in."""
+    t0, compiled = time.time(), torch.compile(model)
+    device = next(model.parameters()).device
+    x = torch.zeros(batch_rows, seq_len, dtype=torch.long, device=device)
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            compiled(x, x.clone()).backward()  # distinct tensors: Dynamo guards on aliasing
+    except Exception as e:  # dynamo/inductor raise many kinds; all of them mean "run eagerly"
+        print(f"torch.compile failed ({type(e).__name__}: {str(e).strip()[:200]!r}); running eagerly", file=sys.stderr)
+        compiled = model
+    model.zero_grad(set_to_none=True)
+    return compiled, time.time() - t0

@@ -23,6 +23,8 @@ import math
 import torch
 import torch.distributed as dist
 
+from flops import finite_float, positive_int
+
 # ---------------------------------------------------------------------------------------------
 # Constants of the recipe (RECIPE §4, paper App. E)
 
@@ -302,6 +304,28 @@ def learning_rates(d_model, batch_tokens, tokens, tokens_ref, base_lrs=BASE_LRS,
     if unknown:
         raise ValueError(f"no transfer rule for parameter groups {sorted(unknown)}")
     return {name: base * factors[name] for name, base in base_lrs.items()}
+
+
+def add_lr_args(parser):
+    """train.py's LR flags: base LRs at the reference and the transfer rule's exponents and anchors.
+    lr_settings(args) turns the parsed flags into (base_lrs, rule) for learning_rates(base_lrs, **rule)."""
+    g = parser.add_argument_group("learning rates (base values at the reference; transfer rule applied)")
+    for name, lr in BASE_LRS.items():
+        g.add_argument(f"--lr-{name}", type=finite_float, default=lr)
+    g.add_argument("--batch-exp", type=finite_float, default=0.558, help="LR ~ (B/B_ref)^batch_exp")
+    g.add_argument("--data-exp", type=finite_float, default=0.32, help="MuonH LR ~ (D/D_ref)^-data_exp")
+    g.add_argument("--width-exp", type=finite_float, default=0.5, help="AdamW LR ~ (d/d_ref)^-width_exp")
+    g.add_argument("--ref-width", type=positive_int, default=REF_WIDTH, help="d_ref of the transfer rule")
+    g.add_argument("--ref-batch", type=positive_int, default=REF_BATCH_TOKENS, help="B_ref of the transfer rule")
+    g.add_argument("--ref-tokens", type=finite_float, default=0,
+                   help="D_ref of the transfer rule (0: 10x effective params of the s=10 reference, flops.py)")
+    g.add_argument("--final-lr-frac", type=finite_float, default=0.1, help="linear decay ends at this fraction")
+
+
+def lr_settings(args):
+    """(base_lrs, rule) from add_lr_args flags; rule holds the keyword arguments of learning_rates."""
+    return ({name: getattr(args, f"lr_{name}") for name in BASE_LRS},
+            {k: getattr(args, k) for k in ("batch_exp", "data_exp", "width_exp", "ref_width", "ref_batch")})
 
 
 def lr_multiplier(step, total_steps, final_frac=0.1):

@@ -1,10 +1,11 @@
 """train.py end to end on CPU with tiny models and the real FineWeb-Edu sample: it learns, one row per
 run is complete and agrees with flops.py, DDP equals one process, and a killed run resumes exactly."""
+import errno
+import fcntl
 import hashlib
 import json
 import math
 import os
-import fcntl
 import shutil
 import signal
 import subprocess
@@ -154,13 +155,13 @@ def test_killed_run_resumes_exactly(sample_data, tmp_path):
     (["--flops", "1e12", "--tokens", "1000"], "only one of"),
     (["--seq-len", "128"], "does not match the data"),
     (["--device-batch", "3"], "does not divide"),
-    (["--batch-tokens", "0"], "--batch-tokens: expected an integer >= 1"),
-    (["--log-every", "0"], "--log-every: expected an integer >= 1"),
-    (["--device-batch", "-4"], "--device-batch: expected an integer >= 0"),
-    (["--save-every", "-1"], "--save-every: expected an integer >= 0"),
-    (["--eval-rows", "0"], "--eval-rows: expected an integer >= 1"),
-    (["--eval-r", "2,x"], "--eval-r: expected positive loop counts"),
-    (["--lr-matrix", "nan"], "--lr-matrix: expected a finite number"),
+    (["--batch-tokens", "0"], "--batch-tokens: invalid integer >= 1 value"),
+    (["--log-every", "0"], "--log-every: invalid integer >= 1 value"),
+    (["--device-batch", "-4"], "--device-batch: invalid integer >= 0 value"),
+    (["--save-every", "-1"], "--save-every: invalid integer >= 0 value"),
+    (["--eval-rows", "0"], "--eval-rows: invalid integer >= 1 value"),
+    (["--eval-r", "2,x"], "--eval-r: invalid <lambda> value: '2,x'"),
+    (["--lr-matrix", "nan"], "--lr-matrix: invalid finite number value"),
     (["--dtype", "float16"], "invalid choice"),
 ])
 def test_bad_flags_fail_fast_with_one_line(sample_data, tmp_path, capsys, bad, reason):
@@ -273,16 +274,23 @@ def test_checkpoints_load_without_running_code(sample_data, tmp_path, capsys):
 
 
 def test_full_disk_leaves_no_half_row_and_a_rerun_writes_it(sample_data, tmp_path, monkeypatch, capsys):
-    """Old: a short write left 1/3 of a row without a newline, exit 0 and final.json (so the run
-    was never retrained); a kill between the last checkpoint and the row gave null train_loss."""
+    """Old: a short write left a third of a row without a newline, exit 0 and final.json (so the
+    run was never retrained); a kill between the last checkpoint and the row gave null train_loss.
+    The disk fills up while the row is written (ENOSPC from fsync of the results file's temp)."""
     results, out = tmp_path / "results.jsonl", tmp_path / "run"
     results.write_text('{"earlier": "row"}\n')
-    real_write = os.write
-    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, data[: len(data) // 3]))
+    real_fsync = os.fsync
+
+    def full_disk_fsync(fd):
+        if "results.jsonl" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", full_disk_fsync)
     code = exit_code(run_inprocess, sample_data, out, "--r", "2", "--tokens", "2048", "--results", str(results))
-    monkeypatch.setattr(os, "write", real_write)
-    assert code == 1 and "short write" in capsys.readouterr().err
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert code == 1 and "No space left on device" in capsys.readouterr().err
     assert results.read_text() == '{"earlier": "row"}\n' and not (out / "final.json").exists()
+    assert not list(tmp_path.glob(".results.jsonl*"))  # no temp file left behind
     assert run_inprocess(sample_data, out, "--r", "2", "--tokens", "2048", "--results", str(results), "--resume") == 0
     earlier, row = map(json.loads, results.read_text().splitlines())
     assert row["finished"] and math.isfinite(row["train_loss"]) and math.isfinite(row["tokens_per_s"])
@@ -336,3 +344,18 @@ def test_a_run_that_repeats_data_says_so(sample_data, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "reads 2,048 tokens but" in err and "holds 1,300 training tokens" in err and "repeats data" in err
     assert json.loads((tmp_path / "run" / "final.json").read_text())["data_meta"]["epochs"] > 1
+
+
+def test_compile_on_cpu_falls_back_to_eager_when_inductor_fails(sample_data, tmp_path, monkeypatch, capsys):
+    """Old: --compile was ignored on CPU. Now it compiles there too (dev/bench_train.py measures when
+    it pays), and a compiler that fails leaves one line and an eager run with the same losses."""
+    def broken_compile(model):
+        def fail_at_first_call(*args, **kwargs):
+            raise RuntimeError("inductor: no working C++ compiler\nlong traceback")
+        return fail_at_first_call
+    assert run_inprocess(sample_data, tmp_path / "eager", "--r", "2", "--tokens", "2048") == 0
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    assert run_inprocess(sample_data, tmp_path / "fallback", "--r", "2", "--tokens", "2048", "--compile") == 0
+    err = capsys.readouterr().err
+    assert "torch.compile failed (RuntimeError: 'inductor: no working C++ compiler" in err and err.count("\n") == 1
+    assert losses(tmp_path / "fallback") == losses(tmp_path / "eager")
