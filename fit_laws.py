@@ -184,8 +184,8 @@ def _problem(n_once, n_rec, r, D, L, phi=None, weights=None, delta=HUBER_DELTA):
 
 def _objective(theta, prob):
     """Summed Huber loss of log L - log L_hat and its gradient, log L_hat = LSE(a - alpha x,
-    b - beta y, e) with x = log(N_once + r^phi N_rec), y = log D. The LSE is written out because the
-    gradient needs its softmax weights, and scipy's logsumexp costs 13x this whole function per call."""
+    b - beta y, e) with x = log(N_once + r^phi N_rec), y = log D. The LSE is written out: the gradient needs
+    its softmax weights, and a scipy.special.logsumexp call costs 13x as much (322 vs 24 us on 116 runs)."""
     a, b, e, alpha, beta = theta[:5]
     rphi = np.exp((theta[5] if prob["phi_free"] else prob["phi"]) * prob["logr"])
     neff = prob["n_once"] + rphi * prob["n_rec"]
@@ -270,7 +270,7 @@ def _fit(prob, starts, workers):
     if prob["phi_free"] or prob["n_rec"].any():
         out["phi"] = theta[5] if prob["phi_free"] else prob["phi"]
     return {**{k: float(v) for k, v in out.items()}, "objective": fun, "rmse": float(np.sqrt(np.mean(resid ** 2))),
-            "r2": 1.0 - float(resid @ resid) / float(np.sum((L - L.mean()) ** 2)),
+            "r2": 1.0 - float(resid @ resid / np.sum((L - L.mean()) ** 2)),
             "max_abs_resid": float(np.abs(resid).max()), "converged": ok, "message": msg,
             "hits": int(np.sum(funs <= fun * (1 + HIT_RTOL) + 1e-15)), "restarts": len(runs), "n_runs": len(L),
             "theta": [float(v) for v in theta], "local_optima": [x for _, x in optima]}
@@ -289,7 +289,8 @@ def _check_arrays(N, D, L, C, n_params, what):
                              f"(first: run {int(np.argmax(bad)) + 1})")
     if len(L) < n_params + 1:
         raise ValueError(f"{what}: {len(L)} runs are too few for a {n_params}-parameter law (need {n_params + 1})")
-    if len(budget_levels(C)[1]) < 2 if C is not None else abs(np.corrcoef(np.log(N), np.log(D))[0, 1]) > 1 - 1e-9:
+    one_budget = abs(np.corrcoef(np.log(N), np.log(D))[0, 1]) > 1 - 1e-9 if C is None else len(budget_levels(C)[1]) < 2
+    if one_budget:
         raise ValueError(f"{what}: all runs share one compute budget; the law needs at least two")
     return N, D, L
 
@@ -388,8 +389,8 @@ def bootstrap_joint(rows, fit, resamples=200, restarts=16, seed=0, workers=1, de
             "draws": {k: v.tolist() for k, v in draws.items()},
             **{k + "_ci": [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] if len(v) else None
                for k, v in draws.items()},
-            "frac_phi_le_0": float(np.mean(draws["phi"] <= 0)) if ok.any() else None,
-            "frac_phi_ge_1": float(np.mean(draws["phi"] >= 1)) if ok.any() else None}
+            "frac_phi_le_0": float(np.mean(draws["phi"] <= 0)) if ok.any() else math.nan,
+            "frac_phi_ge_1": float(np.mean(draws["phi"] >= 1)) if ok.any() else math.nan}
 
 
 def compare_phi(boot_a, boot_b, fit_a, fit_b):
@@ -562,7 +563,7 @@ def report(res, title, p=print):
     if joint is not None:
         p("\nJoint law  L = E + A (N_once + r^phi N_rec)^-alpha + B D^-beta  (one law for every r)")
     if joint is not None and joint["converged"]:
-        ci = {k: f" [{boot[k + '_ci'][0]:{f}}, {boot[k + '_ci'][1]:{f}}]" if boot else ""
+        ci = {k: f" [{boot[k + '_ci'][0]:{f}}, {boot[k + '_ci'][1]:{f}}]" if boot.get(k + "_ci") else ""
               for k, f in (("phi", ".4f"), ("E", ".4f"), ("A", ".4g"), ("alpha", ".4f"), ("B", ".4g"), ("beta", ".4f"))}
         p(f"  phi   = {joint['phi']:.4f}{ci['phi']}   (r^phi: "
           + ", ".join(f"{r}^phi = {r ** joint['phi']:.3f}" for r in (2, 4, 8)) + ")\n"
