@@ -54,7 +54,7 @@ SUFFIXES = (".parquet", ".jsonl", ".txt")
 FORMAT = "nanoloop-rows-v2"
 BUFFER_DOCS = 1000               # best-fit buffer in documents (or pieces), as the authors' prepack
 TOKENIZER_CHARS = 2_000_000_000  # BPE training text at most (nanochat's budget)
-BATCH_DOCS = 1024                # documents per tokenizer call
+BATCH_CHARS = 1 << 21            # characters per tokenizer call: all threads busy, token lists stay small
 RETRY_BASE_S = 1.0               # backoff before retry k: RETRY_BASE_S * 2**(k-1); tests shrink it
 
 
@@ -130,6 +130,19 @@ def iter_docs(plan):
         for i, text in enumerate(iter_texts(e["path"])):
             if text:
                 yield "val" if i >= e["val_from"] else "train", text
+
+
+def batches(docs):
+    """Lists of documents of about BATCH_CHARS characters."""
+    batch, chars = [], 0
+    for doc in docs:
+        batch.append(doc)
+        chars += len(doc[1])
+        if chars >= BATCH_CHARS:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
 
 
 def download_file(url, dest, retries=5, check=check_parquet):
@@ -219,6 +232,8 @@ class Tokenizer:
 
     def encode_batch(self, texts, threads=1):
         # encode_ordinary: a literal "<|bos|>" in the data stays text, never the special token.
+        if self.kind == "bpe" and threads == 1:
+            return [self._enc.encode_ordinary(text) for text in texts]
         if self.kind == "bpe":
             return self._enc.encode_ordinary_batch(texts, num_threads=threads)
         return self._sp.encode(texts, num_threads=threads)
@@ -292,35 +307,42 @@ class Packer:
 
 
 def tokenize_and_pack(plan, tok, row_len, split_long, threads, out_paths):
-    """Tokenize the planned documents on `threads` threads (the next batch while this one is packed: the
-    tokenizers release the GIL) and pack each split into out_paths[split]. Returns per-split stats,
-    tokens/s and how many validation documents are also training documents (8-byte hashes)."""
+    """Tokenize the planned documents (tiktoken / sentencepiece on `threads` threads) while a second thread
+    packs the previous batch (the tokenizers release the GIL), each split into out_paths[split]. Returns
+    per-split stats, tokens/s and how many validation documents are also training documents (by hash)."""
     t0 = last_print = time.time()
-    n_docs, tokens_in, hashes = sum(e["docs"] for e in plan), 0, {"train": array("q"), "val": array("q")}
+    n_docs, hashes = sum(e["docs"] for e in plan), {"train": array("q"), "val": array("q")}
     with open(out_paths["train"], "wb") as f_train, open(out_paths["val"], "wb") as f_val, \
-            ThreadPoolExecutor(1) as ahead:
+            ThreadPoolExecutor(1) as packing:
         packers = {"train": Packer(f_train, row_len, split_long), "val": Packer(f_val, row_len, split_long)}
-        docs, pending = iter_docs(plan), None
-        for batch in itertools.chain(iter(lambda: list(itertools.islice(docs, BATCH_DOCS)), []), [None]):
-            job = batch and (batch, ahead.submit(tok.encode_batch, [text for _, text in batch], threads))
-            if pending:
-                for (split, text), ids in zip(pending[0], pending[1].result()):
-                    hashes[split].append(hash(text))
-                    doc = np.empty(len(ids) + 1, np.uint16)
-                    doc[0], doc[1:] = tok.bos_id, ids
-                    packers[split].add_document(doc)
-                    tokens_in += len(doc)
-            pending = job
+
+        def pack(batch, token_ids):
+            for (split, text), ids in zip(batch, token_ids):
+                hashes[split].append(hash(text))
+                doc = np.empty(len(ids) + 1, np.uint16)
+                doc[0], doc[1:] = tok.bos_id, ids
+                packers[split].add_document(doc)
+        done = packing.submit(int)
+        for batch in batches(iter_docs(plan)):
+            token_ids = tok.encode_batch([text for _, text in batch], threads)
+            if threads == 1:  # one core: packing inline costs least (no GIL hand-offs)
+                pack(batch, token_ids)
+            else:
+                done.result()  # the previous batch is packed (and its errors raised here)
+                done = packing.submit(pack, batch, token_ids)
             if time.time() - last_print > 10:
-                last_print, dt, done = time.time(), time.time() - t0, len(hashes["train"]) + len(hashes["val"])
-                print(f"tokenize: {tokens_in / 1e6:.1f}M tokens, {tokens_in / dt / 1e6:.2f}M tokens/s, "
-                      f"ETA {dt * (n_docs / max(done, 1) - 1):.0f} s", file=sys.stderr, flush=True)
+                last_print, dt, n = time.time(), time.time() - t0, sum(p.tokens_in for p in packers.values())
+                print(f"tokenize: {n / 1e6:.1f}M tokens, {n / dt / 1e6:.2f}M tokens/s, ETA "
+                      f"{dt * (n_docs / max(len(hashes['train']) + len(hashes['val']), 1) - 1):.0f} s",
+                      file=sys.stderr, flush=True)
+        done.result()
         stats = {split: p.finish() for split, p in packers.items()}
         for f in (f_train, f_val):
             f.flush()
             os.fsync(f.fileno())
     stats["seconds"] = time.time() - t0
     shared = np.isin(np.frombuffer(hashes["val"], np.int64), np.frombuffer(hashes["train"], np.int64)).sum()
+    tokens_in = stats["train"]["tokens_in"] + stats["val"]["tokens_in"]
     return stats | {"tokens_per_s": tokens_in / max(stats["seconds"], 1e-9), "shared_docs": int(shared)}
 
 
