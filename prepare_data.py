@@ -124,23 +124,17 @@ def iter_texts(path):
             raise DataError(f"{path}: not UTF-8 text ({e})") from None
 
 
-def iter_docs(plan):
-    """(split, text) for every non-empty document, in plan order."""
+def batches(plan):
+    """Every non-empty document as (split, text), in plan order, in lists of about BATCH_CHARS characters."""
+    batch, chars = [], 0
     for e in plan:
         for i, text in enumerate(iter_texts(e["path"])):
             if text:
-                yield "val" if i >= e["val_from"] else "train", text
-
-
-def batches(docs):
-    """Lists of documents of about BATCH_CHARS characters."""
-    batch, chars = [], 0
-    for doc in docs:
-        batch.append(doc)
-        chars += len(doc[1])
-        if chars >= BATCH_CHARS:
-            yield batch
-            batch, chars = [], 0
+                batch.append(("val" if i >= e["val_from"] else "train", text))
+                chars += len(text)
+            if chars >= BATCH_CHARS:
+                yield batch
+                batch, chars = [], 0
     if batch:
         yield batch
 
@@ -323,7 +317,7 @@ def tokenize_and_pack(plan, tok, row_len, split_long, threads, out_paths):
                 doc[0], doc[1:] = tok.bos_id, ids
                 packers[split].add_document(doc)
         done = packing.submit(int)
-        for batch in batches(iter_docs(plan)):
+        for batch in batches(plan):
             token_ids = tok.encode_batch([text for _, text in batch], threads)
             if threads == 1:  # one core: packing inline costs least (no GIL hand-offs)
                 pack(batch, token_ids)
@@ -483,8 +477,8 @@ def prepare(a):
         t0 = time.time()
         if bpe:
             print(f"tokenizer: training a {a.vocab_size}-token BPE", file=sys.stderr, flush=True)
-            train_bpe(capped((t for s, t in iter_docs(plan) if s == "train"), TOKENIZER_CHARS), a.vocab_size,
-                      tmp[tok_name])
+            texts = (text for batch in batches(plan) for split, text in batch if split == "train")
+            train_bpe(capped(texts, TOKENIZER_CHARS), a.vocab_size, tmp[tok_name])
         else:
             tmp[tok_name].write_bytes(Path(model).read_bytes())
         tok = Tokenizer(a.tokenizer, tmp[tok_name])

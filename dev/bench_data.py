@@ -60,7 +60,7 @@ def main():
 
     print(f"cpu cores {os.cpu_count()}, load average at start {os.getloadavg()[0]:.2f}")
     plan = pdata.make_plan(pdata.local_files([a.source]), 0, a.val_fraction)
-    docs = list(pdata.iter_docs(plan))
+    docs = [doc for batch in pdata.batches(plan) for doc in batch]
     train_texts = [text for split, text in docs if split == "train"]
     val_texts = [text for split, text in docs if split == "val"]
     n_chars = sum(map(len, train_texts)) + sum(map(len, val_texts))
