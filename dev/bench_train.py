@@ -5,14 +5,17 @@ and train.py's framework overhead against a bare training loop.
     python dev/bench_train.py [--data data/micro-2k --steps 300]          # eager vs --compile
     python dev/bench_train.py --overhead [--scale 0.5 --r 4 --steps 150]  # train.py vs a bare loop
 
-Eager vs compiled: every shape runs `python train.py` twice per round, eager then compiled, one thread
-each, and reports the process's whole wall time (Python start, data check, compilation, every step
-with its optimiser step, final evaluation), the compile seconds and train.py's timed tokens/s. The two
-alternate, so drift on a shared machine hits both. Needs a dataset from prepare_data.py (see README).
+Eager vs compiled: every shape runs `python train.py` three times, one thread each: eager, compiled with
+a cold inductor cache, compiled again with the cache warm (as every later sweep run of that shape is).
+Each reports the whole process (Python start, data check, compilation, every step with its optimiser
+step, final evaluation) in CPU seconds, which load from other jobs on a shared machine barely moves, and
+in wall seconds; plus the compile seconds and the ratio of train.py's timed tokens/s (steps only).
+Needs a dataset from prepare_data.py (see README).
 """
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -33,39 +36,42 @@ MICRO = ["--head-dim", "8", "--batch-tokens", "2048", "--ref-width", "32", "--re
          "--ref-tokens", "5e5", "--eval-rows", "64", "--log-every", "1000"]
 
 
-def run_train(data, scale, r, steps, compile_, tmp):
-    """One train.py process; returns (wall seconds of the whole process, its final row)."""
+def run_train(data, scale, r, steps, compile_, tmp, cache=None):
+    """One train.py process; returns (wall s, CPU s of the whole process and its children, final row).
+    cache: inductor's cache folder (a fresh one compiles cold; a used one is what later sweep runs see)."""
     out = tempfile.mkdtemp(dir=tmp)
     cmd = [sys.executable, "train.py", "--data", data, "--out", out, "--scale", str(scale), "--r", str(r),
            "--tokens", str(steps * 2048), *MICRO] + (["--compile"] if compile_ else [])
-    t0 = time.time()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    wall = time.time() - t0
+    # One compile thread: inductor's worker pool would otherwise borrow the cores other runs use.
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
+    if cache:
+        env["TORCHINDUCTOR_CACHE_DIR"] = cache
+    t0, cpu0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
+    wall, cpu1 = time.time() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0 or "torch.compile failed" in proc.stderr:
         sys.exit(f"train.py failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return wall, json.load(open(f"{out}/final.json"))
+    return wall, cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, json.load(open(f"{out}/final.json"))
 
 
 def compile_grid(args):
+    """Per shape: eager, compiled with a cold inductor cache, compiled again with that cache warm."""
     shapes = [(scale, r) for scale in (0.25, 0.5) for r in (1, 4)]
-    print(f"{args.steps} steps x 2048 tokens, 1 thread, {args.rounds} round(s); wall = whole process")
-    print(f"{'shape':<16}{'eager wall':>11}{'comp wall':>11}{'compile s':>10}{'eager tok/s':>12}"
-          f"{'comp tok/s':>11}{'wall ratio':>11}{'step ratio':>11}")
+    print(f"{args.steps} steps x 2048 tokens, 1 thread. cpu s = CPU seconds of the whole process and its children "
+          f"(robust to load from other jobs); wall s is the same span on the clock (sensitive to load)")
+    print(f"{'shape':<16}{'eager cpu s':>12}{'cold cpu s':>11}{'warm cpu s':>11}{'compile s cold/warm':>20}"
+          f"{'cpu ratio cold/warm':>20}{'wall eager/cold/warm':>22}{'step ratio':>11}")
     with tempfile.TemporaryDirectory() as tmp:
         for scale, r in shapes:
-            walls, rows = {False: [], True: []}, {False: [], True: []}
-            for _ in range(args.rounds):
-                for compile_ in (False, True):
-                    wall, row = run_train(args.data, scale, r, args.steps, compile_, tmp)
-                    walls[compile_].append(wall)
-                    rows[compile_].append(row)
-            eager_wall, comp_wall = (sum(walls[c]) / args.rounds for c in (False, True))
-            eager_tps, comp_tps = (sum(x["tokens_per_s"] for x in rows[c]) / args.rounds for c in (False, True))
-            compile_s = sum(x["compile_s"] for x in rows[True]) / args.rounds
-            label = f"s={scale:g} d={rows[True][0]['d_model']} r={r}"
-            print(f"{label:<16}{eager_wall:>10.1f}s{comp_wall:>10.1f}s"
-                  f"{compile_s:>9.1f}s{eager_tps:>12,.0f}{comp_tps:>11,.0f}{eager_wall / comp_wall:>10.2f}x"
-                  f"{comp_tps / eager_tps:>10.2f}x", flush=True)
+            cache = tempfile.mkdtemp(dir=tmp)
+            eager, cold, warm = (run_train(args.data, scale, r, args.steps, c, tmp, cache)
+                                 for c in (False, True, True))
+            label = f"s={scale:g} d={eager[2]['d_model']} r={r}"
+            print(f"{label:<16}{eager[1]:>11.1f}s{cold[1]:>10.1f}s{warm[1]:>10.1f}s"
+                  f"{cold[2]['compile_s']:>13.1f}/{warm[2]['compile_s']:.1f}s"
+                  f"{eager[1] / cold[1]:>14.2f}x/{eager[1] / warm[1]:.2f}x"
+                  f"{eager[0]:>11.0f}/{cold[0]:.0f}/{warm[0]:.0f}s"
+                  f"{warm[2]['tokens_per_s'] / eager[2]['tokens_per_s']:>10.2f}x", flush=True)
 
 
 def bare_loop(args, meta, steps):
@@ -111,7 +117,6 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="data/micro-2k")
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--rounds", type=int, default=1, help="eager/compiled pairs per shape")
     p.add_argument("--overhead", action="store_true", help="train.py against a bare loop instead")
     p.add_argument("--r", type=int, default=4, help="--overhead only")
     p.add_argument("--scale", type=float, default=0.5, help="--overhead only")

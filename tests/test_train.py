@@ -146,6 +146,20 @@ def test_killed_run_resumes_exactly(sample_data, tmp_path):
     # A finished run is never retrained by accident.
     again = run_cli(*args, "--out", str(out), "--resume")
     assert again.returncode == 0 and again.stdout.startswith("already done:")
+    # kill -9 (no handler runs): the last periodic checkpoint, written atomically, and the lock the
+    # kernel released with the process are all a resume needs; it ends where the reference ends.
+    out9, args9 = tmp_path / "killed9", args[:-1] + ["3"]
+    proc = subprocess.Popen([sys.executable, *args9, "--out", str(out9)], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((out9 / "log.jsonl").exists() and len(losses(out9)) >= 8):
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    assert (out9 / "ckpt.pt").exists() and not (out9 / "final.json").exists()
+    resumed9 = run_cli(*args9, "--out", str(out9), "--resume")
+    assert resumed9.returncode == 0 and losses(out9) == ref
+    assert json.loads((out9 / "final.json").read_text())["val_loss"] == ref_row["val_loss"]
 
 
 @pytest.mark.parametrize("bad, reason", [
