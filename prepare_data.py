@@ -30,7 +30,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import requests
-import sentencepiece
 import tiktoken
 import tiktoken.load
 from requests.adapters import HTTPAdapter
@@ -215,6 +214,7 @@ class Tokenizer:
                                           mergeable_ranks=ranks, special_tokens={BOS_TOKEN: len(ranks)})
             self.vocab_size = self._enc.n_vocab
             return
+        import sentencepiece  # here: train.py imports this file and never needs it
         try:
             self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
         except Exception as e:  # sentencepiece raises OSError or RuntimeError
@@ -446,7 +446,8 @@ def prepare(a):
         model = a.tokenizer_model or LLAMA2_URL
 
         def check_model(path):
-            if Tokenizer("llama2", path) and not a.tokenizer_model and sha256_file(path) != LLAMA2_SHA256:
+            Tokenizer("llama2", path)  # it loads, or a one-line DataError
+            if not a.tokenizer_model and sha256_file(path) != LLAMA2_SHA256:
                 raise DataError(f"{path}: sha256 {sha256_file(path)} is not Llama 2's tokenizer's ({LLAMA2_SHA256})")
         if "://" in model:
             ddir.mkdir(parents=True, exist_ok=True)
@@ -455,7 +456,7 @@ def prepare(a):
     plan = make_plan(files, a.val_shards, a.val_fraction)
 
     # What the rows depend on. A dataset in --out is only replaced by one built the same way: another
-    # flag or source is refused before any work, naming what differs.
+    # flag or source is refused before tokenizing, naming what differs.
     split = ({"val_fraction": a.val_fraction} if a.val_fraction
              else {"val_files": [e["path"].name for e in plan if e["val_from"] == 0]})
     settings = {"tokenizer": a.tokenizer, "vocab_size": a.vocab_size, "seq_len": a.seq_len, "packing": a.packing,
