@@ -464,9 +464,9 @@ def prepare(a):
                 "sources": [[e["path"].name, e["path"].stat().st_size] for e in plan]}
     if (out / "meta.json").exists():
         try:
-            old = json.loads((out / "meta.json").read_text()).get("settings", {})
-        except ValueError:
-            old = {}
+            old = json.loads((out / "meta.json").read_text())["settings"]
+        except (ValueError, KeyError, TypeError):
+            raise DataError(f"{out} holds a dataset in another (older?) format; delete it, or use another --out") from None
         for key in (k for k in settings if old.get(k) != settings[k]):
             raise DataError(f"{out} holds a dataset built with {key} {json.dumps(old.get(key))}, not "
                             f"{json.dumps(settings[key])}; use another --out or delete {out}")

@@ -550,6 +550,13 @@ def test_existing_output_with_another_tokenizer_is_refused(built, tmp_path):
                    "--vocab-size", 512, "--seq-len", 64, "--out", out, "--workers", 1)
     assert "built with sources" in msg and "shard_00000.parquet" in msg
     assert {p.name: sha(p) for p in out.iterdir()} == before  # the dataset is untouched
+    # A dataset from before meta.json recorded its settings (format v1) is not replaced either.
+    meta = json.loads((out / "meta.json").read_text())
+    del meta["settings"]
+    (out / "meta.json").write_text(json.dumps(meta))
+    msg = error_of("--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 512, "--seq-len", 64,
+                   "--out", out)
+    assert msg.endswith(f"{out} holds a dataset in another (older?) format; delete it, or use another --out")
 
 
 @needs_sample
