@@ -72,8 +72,9 @@ def atomic_write(path, data):
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
-        with open(tmp, "wb", buffering=0) as f:  # unbuffered: fsync sees every byte
+        with open(tmp, "wb") as f:  # buffered: a short write of the OS is retried or raises (full disk)
             f.write(data) if isinstance(data, (bytes, bytearray)) else data(f)
+            f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
