@@ -52,8 +52,9 @@ MAX_VOCAB = 65536                # token ids are stored as uint16
 SUFFIXES = (".parquet", ".jsonl", ".txt")
 FORMAT = "nanoloop-rows-v2"
 BUFFER_DOCS = 1000               # best-fit buffer in documents (or pieces), as the authors' prepack
-TOKENIZER_CHARS = 2_000_000_000  # BPE training text at most (nanochat's budget)
 BATCH_CHARS = 1 << 21            # characters per tokenizer call: all threads busy, token lists stay small
+BPE_BATCHES = 1000               # BPE training reads the first ~2B characters (nanochat's budget)
+RETRIES = 5                      # per download, after urllib3's own retries of a failed request
 RETRY_BASE_S = 1.0               # backoff before retry k: RETRY_BASE_S * 2**(k-1); tests shrink it
 
 
@@ -139,18 +140,14 @@ def batches(plan):
         yield batch
 
 
-def download_file(url, dest, retries=5, check=check_parquet):
-    """Fetch url into dest.tmp, check it, rename it: a dest on disk is whole (and only re-checked). urllib3's
-    Retry retries connections and 408/429/5xx answers with backoff; a transfer that drops mid-file resumes
-    from the bytes on disk with an HTTP Range request, `retries` times."""
+def download_file(url, dest, retries=RETRIES, check=check_parquet):
+    """Fetch url into dest.tmp, check it, rename it to dest (so a dest on disk was checked whole). A transfer
+    that drops mid-file resumes from the bytes on disk with an HTTP Range request, `retries` times."""
     dest, tmp = Path(dest), Path(f"{dest}.tmp")
     if dest.exists():
-        try:
-            check(dest)
-        except DataError as e:
-            raise DataError(f"{e}; delete it to download it again") from None
         return dest
-    session = requests.Session()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    session = requests.Session()  # urllib3 retries failed connections and 408/429/5xx answers, with backoff
     session.mount("http", HTTPAdapter(max_retries=Retry(retries, backoff_factor=RETRY_BASE_S,
                   status_forcelist=(408, 429, 500, 502, 503, 504), raise_on_status=False)))
     for attempt in range(retries + 1):
@@ -160,21 +157,19 @@ def download_file(url, dest, retries=5, check=check_parquet):
             r = session.get(url, stream=True, timeout=60, headers={"Range": f"bytes={have}-"} if have else {})
         except requests.RequestException as e:
             raise DataError(f"{url}: {type(e).__name__} after {retries} retries ({e})") from None
-        with r:
-            if r.status_code == 416:  # the .tmp is not a strict prefix of the remote file: start clean
-                tmp.unlink()
-                problem = f"HTTP 416 on resume from byte {have}"
-                continue
-            if r.status_code >= 400:
-                raise DataError(f"{url}: HTTP {r.status_code} {r.reason}")
-            try:  # 206 continues our file, 200 sends all of it again
-                with open(tmp, "ab" if r.status_code == 206 else "wb") as f:
-                    for chunk in r.iter_content(chunk_size=1 << 16):  # a drop loses one chunk at most
+        problem = f"HTTP {r.status_code} on resume from byte {have}"
+        if r.status_code == 416:  # the .tmp is not a strict prefix of the remote file: start clean
+            tmp.unlink()
+        elif r.status_code >= 400:
+            raise DataError(f"{url}: HTTP {r.status_code} {r.reason}")
+        else:
+            try:  # 206 continues our file, 200 sends all of it again; a drop loses one chunk at most
+                with r, open(tmp, "ab" if r.status_code == 206 else "wb") as f:
+                    for chunk in r.iter_content(chunk_size=1 << 16):
                         f.write(chunk)
+                break
             except requests.RequestException as e:  # urllib3 raises when fewer bytes arrive
                 problem = f"{type(e).__name__}: {e}"
-                continue
-        break
     else:
         raise DataError(f"{url}: download incomplete after {retries + 1} attempts ({problem}); "
                         f"partial data kept in {tmp}, rerun to resume")
@@ -186,16 +181,16 @@ def download_file(url, dest, retries=5, check=check_parquet):
     return tmp.replace(dest)
 
 
-def download_all(urls, paths, retries):
-    """Fetch files 8 at a time, a progress line (MB/s, ETA) per finished one; return their paths."""
-    t0, size = time.time(), 0
+def download_all(urls, paths):
+    """Fetch files 8 at a time, a progress line (files, ETA) per finished one; return their paths."""
+    t0 = time.time()
     with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(download_file, u, p, retries) for u, p in zip(urls, paths)]
+        futures = [pool.submit(download_file, u, p) for u, p in zip(urls, paths)]
         try:
             for done, fut in enumerate(as_completed(futures), 1):
-                size, dt = size + fut.result().stat().st_size, time.time() - t0
-                print(f"download: {done}/{len(urls)} files, {size / 1e6:.0f} MB, {size / 1e6 / dt:.1f} MB/s, "
-                      f"ETA {dt / done * (len(urls) - done):.0f} s", file=sys.stderr, flush=True)
+                fut.result()
+                eta = (time.time() - t0) / done * (len(urls) - done)
+                print(f"download: {done}/{len(urls)} files, ETA {eta:.0f} s", file=sys.stderr, flush=True)
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)  # running ones finish into their .tmp
             raise
@@ -227,7 +222,7 @@ class Tokenizer:
 
     def encode_batch(self, texts, threads=1):
         # encode_ordinary: a literal "<|bos|>" in the data stays text, never the special token.
-        if self.kind == "bpe" and threads == 1:
+        if self.kind == "bpe" and threads == 1:  # tiktoken's batch call costs ~25% more on one thread
             return [self._enc.encode_ordinary(text) for text in texts]
         if self.kind == "bpe":
             return self._enc.encode_ordinary_batch(texts, num_threads=threads)
@@ -257,10 +252,9 @@ def train_bpe(texts, vocab_size, out_path):
 
 
 class Packer:
-    """Best-fit packing into rows of exactly row_len tokens (RECIPE §5; the authors' prepack, nanochat's
-    BOS-aligned best-fit): from a buffer of BUFFER_DOCS documents a row takes the largest that fits the
-    space left; when none fits, the shortest is cropped to fill the row (the rest is discarded and
-    counted). So every row starts with a BOS; no padding; ties go to the earliest document.
+    """Best-fit packing into rows of row_len tokens (RECIPE §5; the authors' prepack, nanochat's BOS-aligned
+    best-fit): from a buffer of BUFFER_DOCS documents a row takes the largest that fits the space left (ties:
+    the earliest); when none fits, the shortest is cropped to fill the row, its rest discarded and counted.
     split_long (local corpora of whole books): a document longer than a row is first cut into row_len
     pieces, buffered one by one and so kept whole; only its first piece starts with BOS."""
 
@@ -270,8 +264,7 @@ class Packer:
         self.row, self.fill = np.empty(row_len, np.uint16), 0  # the row being filled
         self.rows = self.docs = self.tokens_in = self.cropped = 0
 
-    def add_document(self, tokens):
-        """tokens: the document's uint16 ids, BOS first."""
+    def add_document(self, tokens):  # the document's uint16 ids, BOS first
         self.docs, self.tokens_in = self.docs + 1, self.tokens_in + len(tokens)
         step = self.row_len if self.split_long else len(tokens)
         for start in range(0, len(tokens), step):
@@ -302,9 +295,9 @@ class Packer:
 
 
 def tokenize_and_pack(plan, tok, row_len, split_long, threads, out_paths):
-    """Tokenize the planned documents (tiktoken / sentencepiece on `threads` threads) while a second thread
-    packs the previous batch (the tokenizers release the GIL), each split into out_paths[split]. Returns
-    per-split stats, tokens/s and how many validation documents are also training documents (by hash)."""
+    """Tokenize the planned documents on `threads` threads while a second thread packs the previous batch into
+    out_paths[split] (the tokenizers release the GIL). Returns per-split stats, tokens/s and how many
+    validation documents are also training documents (by hash)."""
     t0 = last_print = time.time()
     n_docs, hashes = sum(e["docs"] for e in plan), {"train": array("q"), "val": array("q")}
     with open(out_paths["train"], "wb") as f_train, open(out_paths["val"], "wb") as f_val, \
@@ -320,16 +313,12 @@ def tokenize_and_pack(plan, tok, row_len, split_long, threads, out_paths):
         done = packing.submit(int)
         for batch in batches(plan):
             token_ids = tok.encode_batch([text for _, text in batch], threads)
-            if threads == 1:  # one core: packing inline costs least (no GIL hand-offs)
-                pack(batch, token_ids)
-            else:
-                done.result()  # the previous batch is packed (and its errors raised here)
-                done = packing.submit(pack, batch, token_ids)
+            done.result()  # the previous batch is packed (and its errors raised here)
+            done = packing.submit(pack, batch, token_ids)
             if time.time() - last_print > 10:
-                last_print, dt, n = time.time(), time.time() - t0, sum(p.tokens_in for p in packers.values())
-                print(f"tokenize: {n / 1e6:.1f}M tokens, {n / dt / 1e6:.2f}M tokens/s, ETA "
-                      f"{dt * (n_docs / max(len(hashes['train']) + len(hashes['val']), 1) - 1):.0f} s",
-                      file=sys.stderr, flush=True)
+                last_print, n = time.time(), sum(p.tokens_in for p in packers.values())
+                eta = (last_print - t0) * (n_docs / (len(hashes["train"]) + len(hashes["val"]) + 1) - 1)
+                print(f"tokenize: {n / 1e6:.1f}M tokens, ETA {eta:.0f} s", file=sys.stderr, flush=True)
         done.result()
         stats = {split: p.finish() for split, p in packers.items()}
         for f in (f_train, f_val):
@@ -362,21 +351,20 @@ def make_plan(files, val_files, val_fraction):
         val_from = (n - min(math.ceil(val_fraction * n), max(n - 1, 0)) if val_fraction
                     else 0 if k >= len(files) - val_files else n)
         plan.append({"path": path, "docs": n, "val_from": val_from})
-    if not any(e["val_from"] < e["docs"] for e in plan):
-        raise DataError(f"no validation documents in {', '.join(map(str, files))}: empty files, or raise "
-                        f"--val-fraction")
+    train_docs, val_docs = sum(e["val_from"] for e in plan), sum(e["docs"] - e["val_from"] for e in plan)
+    if not train_docs or not val_docs:
+        raise DataError(f"{train_docs} training and {val_docs} validation documents in {len(files)} file(s): "
+                        f"need both (empty files? use or raise --val-fraction)")
     return plan
 
 
 def number(lo, hi=math.inf, kind=int):
-    """argparse type: a number in [lo, hi) (integers may be written as 2e9)."""
-    def parse(text):
-        value = kind(float(text))  # a ValueError becomes argparse's "invalid number value: 'x'"
-        if not lo <= value < hi:
+    """argparse type: a number in [lo, hi); argparse turns a ValueError into "invalid number value"."""
+    def number(text):
+        if not lo <= kind(text) < hi:
             raise argparse.ArgumentTypeError(f"{text} is not in [{lo}, {hi})")
-        return value
-    parse.__name__ = "number"
-    return parse
+        return kind(text)
+    return number
 
 
 def parse_args(argv):
@@ -392,7 +380,6 @@ def parse_args(argv):
                           "the last fraction of every file's documents (default: the last 2 files)")
     p.add_argument("--base-url", default=BASE_URL, help="where the shards are (default: Hugging Face)")
     p.add_argument("--download-dir", default="data/raw", help="where downloads are kept (default data/raw)")
-    p.add_argument("--retries", type=number(0), default=5, help="retries per download (default 5)")
     p.add_argument("--tokenizer", choices=["bpe", "llama2"], help="default: llama2 for downloads, bpe for --source")
     p.add_argument("--tokenizer-model", help=f"SentencePiece .model file or URL (default {LLAMA2_URL})")
     p.add_argument("--vocab-size", type=int, help="BPE vocabulary including <|bos|> (default 32000)")
@@ -420,29 +407,16 @@ def parse_args(argv):
     return a
 
 
-def capped(texts, budget):
-    """The texts until `budget` characters have been given, the last one cut to fit."""
-    for text in texts:
-        if budget <= 0:
-            return
-        yield text[:budget]
-        budget -= len(text)
-
-
 def prepare(a):
     """Run the whole pipeline for parsed arguments; return the meta dict written."""
     out, bpe, ddir = Path(a.out), a.tokenizer == "bpe", Path(a.download_dir)
     if a.source is not None:
         files = local_files(a.source)
-        if not a.val_fraction and len(files) <= a.val_shards:
-            raise DataError(f"{len(files)} source file(s) cannot hold out {a.val_shards} validation file(s) and "
-                            f"keep training data; use --val-fraction")
     else:
         if a.shards + a.val_shards > N_SHARDS:
             raise DataError(f"--shards {a.shards} + --val-shards {a.val_shards} exceeds the {N_SHARDS} shards")
         names = [f"shard_{i:05d}.parquet" for i in [*range(a.shards), *range(N_SHARDS - a.val_shards, N_SHARDS)]]
-        ddir.mkdir(parents=True, exist_ok=True)
-        files = download_all([f"{a.base_url.rstrip('/')}/{n}" for n in names], [ddir / n for n in names], a.retries)
+        files = download_all([f"{a.base_url.rstrip('/')}/{n}" for n in names], [ddir / n for n in names])
     if not bpe:  # a SentencePiece model that loads; the default one must be Llama 2's file
         model = a.tokenizer_model or LLAMA2_URL
 
@@ -451,8 +425,7 @@ def prepare(a):
             if not a.tokenizer_model and sha256_file(path) != LLAMA2_SHA256:
                 raise DataError(f"{path}: sha256 {sha256_file(path)} is not Llama 2's tokenizer's ({LLAMA2_SHA256})")
         if "://" in model:
-            ddir.mkdir(parents=True, exist_ok=True)
-            model = download_file(model, ddir / model.rsplit("/", 1)[1], a.retries, check_model)
+            model = download_file(model, ddir / model.rsplit("/", 1)[1], check=check_model)
         check_model(model)
     plan = make_plan(files, a.val_shards, a.val_fraction)
 
@@ -479,8 +452,8 @@ def prepare(a):
         t0 = time.time()
         if bpe:
             print(f"tokenizer: training a {a.vocab_size}-token BPE", file=sys.stderr, flush=True)
-            texts = (text for batch in batches(plan) for split, text in batch if split == "train")
-            train_bpe(capped(texts, TOKENIZER_CHARS), a.vocab_size, tmp[tok_name])
+            some = itertools.islice(batches(plan), BPE_BATCHES)
+            train_bpe((text for batch in some for split, text in batch if split == "train"), a.vocab_size, tmp[tok_name])
         else:
             tmp[tok_name].write_bytes(Path(model).read_bytes())
         tok = Tokenizer(a.tokenizer, tmp[tok_name])
@@ -532,9 +505,9 @@ def main(argv=None):
 
 # --- what train.py reads the data with ---------------------------------------------------------
 
-REQUIRED_KEYS = ("format", "tokenizer_kind", "tokenizer_file", "tokenizer_sha256", "vocab_size", "bos_id",
-                 "seq_len", "row_len", "train_rows", "val_rows", "train_tokens", "train_sha256", "val_sha256",
-                 "packing")
+REQUIRED_KEYS = ("tokenizer_kind", "tokenizer_file", "tokenizer_sha256", "vocab_size", "bos_id", "seq_len",
+                 "row_len", "train_rows", "val_rows", "train_tokens", "train_sha256", "val_sha256", "packing")
+ROW_ORDER_SEED = 1234  # the data order of every run; change it to resample the order
 
 
 def read_meta(data_dir, verify=True):
@@ -569,8 +542,7 @@ def data_identity(meta):
 
 
 def load_tokenizer(data_dir):
-    """The dataset's tokenizer (.encode(text) -> ids without BOS, .decode, .bos_id, .vocab_size);
-    its sha256 must be meta.json's, so a swapped tokenizer file cannot go unnoticed."""
+    """The dataset's Tokenizer, refused unless its sha256 is meta.json's (a swapped file cannot go unnoticed)."""
     meta = read_meta(data_dir, verify=False)
     path = Path(data_dir) / meta["tokenizer_file"]
     if sha256_file(path) != meta["tokenizer_sha256"]:
@@ -579,14 +551,11 @@ def load_tokenizer(data_dir):
     return Tokenizer(meta["tokenizer_kind"], path)
 
 
-ROW_ORDER_SEED = 1234  # the data order of every run; change it to resample the order
-
-
 class RowLoader:
-    """Batches of rows from train.bin / val.bin (memory-mapped) in a shuffled order. next_batch() consumes
-    world_size * batch_rows global rows from self.row (save it to resume), rank k taking row + k + world_size
-    * i. Global row g is file row order(epoch)[g % n_rows], a permutation seeded by ROW_ORDER_SEED and the
-    epoch: file order would give batches of one or two documents. Validation from row 0 is always the same."""
+    """Batches of rows from train.bin / val.bin (memory-mapped). next_batch() consumes world_size * batch_rows
+    global rows from self.row (save it to resume), rank k taking row + k + world_size * i. Global row g is file
+    row order(epoch)[g % n_rows], a permutation seeded by ROW_ORDER_SEED and the epoch (file order would give
+    batches of one or two documents). Validation from row 0 is always the same."""
 
     def __init__(self, data_dir, split, batch_rows, rank=0, world_size=1, start_row=0):
         import torch  # here, not at the top: preparing data never needs torch
@@ -598,23 +567,19 @@ class RowLoader:
         self.row_len, self.seq_len, self.n_rows = meta["row_len"], meta["seq_len"], meta[f"{split}_rows"]
         self.data = np.memmap(Path(data_dir) / f"{split}.bin", np.uint16, "r", shape=(self.n_rows, self.row_len))
         self.batch_rows, self.rank, self.world_size = batch_rows, rank, world_size
-        self.row, self.epoch = start_row, start_row // self.n_rows
-        self._order, self._order_epoch = None, None
+        self.row, self.epoch, self._orders = start_row, start_row // self.n_rows, {}
 
     def order(self, epoch):
         """The permutation of file rows read in pass `epoch` (cached: one pass at a time)."""
-        if self._order_epoch != epoch:
-            self._order = np.random.default_rng([ROW_ORDER_SEED, epoch]).permutation(self.n_rows)
-            self._order_epoch = epoch
-        return self._order
+        if epoch not in self._orders:
+            self._orders = {epoch: np.random.default_rng([ROW_ORDER_SEED, epoch]).permutation(self.n_rows)}
+        return self._orders[epoch]
 
     def next_batch(self):
         """(x, y): int64 tensors (batch_rows, seq_len); y is x shifted left by one token."""
-        epochs, positions = np.divmod(self.row + self.rank + self.world_size * np.arange(self.batch_rows), self.n_rows)
-        idx = np.empty_like(positions)
-        for epoch in np.unique(epochs):  # a batch may straddle the end of a pass
-            idx[epochs == epoch] = self.order(int(epoch))[positions[epochs == epoch]]
-        rows = self.torch.from_numpy(np.asarray(self.data[idx]).astype(np.int64))
+        global_rows = self.row + self.rank + self.world_size * np.arange(self.batch_rows)
+        idx = [self.order(g // self.n_rows)[g % self.n_rows] for g in global_rows.tolist()]  # may straddle 2 passes
+        rows = self.torch.from_numpy(self.data[idx].astype(np.int64))
         self.row += self.world_size * self.batch_rows
         self.epoch = self.row // self.n_rows
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
