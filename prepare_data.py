@@ -23,7 +23,7 @@ import shlex
 import sys
 import time
 from array import array
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +93,7 @@ def check_parquet(path):
     except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError) for bad files
         raise DataError(f"{path}: not a readable parquet file ({e})") from None
     kind = schema.field("text").type if "text" in schema.names else None
-    if kind is None or not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+    if kind not in (pa.string(), pa.large_string()):
         raise DataError(f"{path}: the 'text' column holds {kind}, not strings (columns: {schema.names})")
     return rows
 
@@ -178,23 +178,18 @@ def download_file(url, dest, retries=RETRIES, check=check_parquet):
     except DataError as e:
         tmp.unlink()
         raise DataError(f"{url}: downloaded file is not valid, deleted ({e})") from None
+    print(f"download: {dest} ({tmp.stat().st_size / 1e6:.0f} MB)", file=sys.stderr, flush=True)
     return tmp.replace(dest)
 
 
 def download_all(urls, paths):
-    """Fetch files 8 at a time, a progress line (files, ETA) per finished one; return their paths."""
-    t0 = time.time()
+    """Fetch files 8 at a time; return their paths. The first error (or Ctrl-C) cancels those not started."""
     with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(download_file, u, p) for u, p in zip(urls, paths)]
         try:
-            for done, fut in enumerate(as_completed(futures), 1):
-                fut.result()
-                eta = (time.time() - t0) / done * (len(urls) - done)
-                print(f"download: {done}/{len(urls)} files, ETA {eta:.0f} s", file=sys.stderr, flush=True)
+            return list(pool.map(download_file, urls, paths))
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)  # running ones finish into their .tmp
             raise
-    return paths
 
 
 class Tokenizer:
@@ -295,9 +290,8 @@ class Packer:
 
 
 def tokenize_and_pack(plan, tok, row_len, split_long, threads, out_paths):
-    """Tokenize the planned documents on `threads` threads while a second thread packs the previous batch into
-    out_paths[split] (the tokenizers release the GIL). Returns per-split stats, tokens/s and how many
-    validation documents are also training documents (by hash)."""
+    """Tokenize on `threads` threads while a second thread packs the previous batch (tokenizers release the GIL).
+    Returns per-split stats, tokens/s and how many validation documents are also training documents (by hash)."""
     t0 = last_print = time.time()
     n_docs, hashes = sum(e["docs"] for e in plan), {"train": array("q"), "val": array("q")}
     with open(out_paths["train"], "wb") as f_train, open(out_paths["val"], "wb") as f_val, \
@@ -452,8 +446,9 @@ def prepare(a):
         t0 = time.time()
         if bpe:
             print(f"tokenizer: training a {a.vocab_size}-token BPE", file=sys.stderr, flush=True)
-            some = itertools.islice(batches(plan), BPE_BATCHES)
-            train_bpe((text for batch in some for split, text in batch if split == "train"), a.vocab_size, tmp[tok_name])
+            first = itertools.islice(batches(plan), BPE_BATCHES)
+            texts = (text for batch in first for split, text in batch if split == "train")
+            train_bpe(texts, a.vocab_size, tmp[tok_name])
         else:
             tmp[tok_name].write_bytes(Path(model).read_bytes())
         tok = Tokenizer(a.tokenizer, tmp[tok_name])
@@ -560,9 +555,6 @@ class RowLoader:
     def __init__(self, data_dir, split, batch_rows, rank=0, world_size=1, start_row=0):
         import torch  # here, not at the top: preparing data never needs torch
         self.torch = torch
-        if split not in ("train", "val") or batch_rows < 1 or not 0 <= rank < world_size or start_row < 0:
-            raise ValueError(f"bad RowLoader arguments: split={split!r}, batch_rows={batch_rows}, rank={rank}, "
-                             f"world_size={world_size}, start_row={start_row}")
         meta = read_meta(data_dir, verify=False)  # sizes checked; train.py verified the checksums
         self.row_len, self.seq_len, self.n_rows = meta["row_len"], meta["seq_len"], meta[f"{split}_rows"]
         self.data = np.memmap(Path(data_dir) / f"{split}.bin", np.uint16, "r", shape=(self.n_rows, self.row_len))
