@@ -290,8 +290,8 @@ class Packer:
 
 
 def tokenize_and_pack(plan, tok, row_len, split_long, threads, out_paths):
-    """Tokenize on `threads` threads while a second thread packs the previous batch (tokenizers release the GIL).
-    Returns per-split stats, tokens/s and how many validation documents are also training documents (by hash)."""
+    """Tokenize on `threads` threads while a second thread packs the last batch (tokenizers release the GIL).
+    Returns per-split stats, tokens/s and how many validation documents are also training ones (by hash)."""
     t0 = last_print = time.time()
     n_docs, hashes = sum(e["docs"] for e in plan), {"train": array("q"), "val": array("q")}
     with open(out_paths["train"], "wb") as f_train, open(out_paths["val"], "wb") as f_val, \
@@ -537,7 +537,7 @@ def data_identity(meta):
 
 
 def load_tokenizer(data_dir):
-    """The dataset's Tokenizer, refused unless its sha256 is meta.json's (a swapped file cannot go unnoticed)."""
+    """The dataset's Tokenizer; its sha256 must be meta.json's, so a swapped file cannot go unnoticed."""
     meta = read_meta(data_dir, verify=False)
     path = Path(data_dir) / meta["tokenizer_file"]
     if sha256_file(path) != meta["tokenizer_sha256"]:
@@ -547,10 +547,10 @@ def load_tokenizer(data_dir):
 
 
 class RowLoader:
-    """Batches of rows from train.bin / val.bin (memory-mapped). next_batch() consumes world_size * batch_rows
-    global rows from self.row (save it to resume), rank k taking row + k + world_size * i. Global row g is file
-    row order(epoch)[g % n_rows], a permutation seeded by ROW_ORDER_SEED and the epoch (file order would give
-    batches of one or two documents). Validation from row 0 is always the same."""
+    """Batches of rows from train.bin / val.bin (memory-mapped). next_batch() consumes world_size *
+    batch_rows global rows from self.row (save it to resume), rank k taking row + k + world_size * i. Global
+    row g is file row order(epoch)[g % n_rows], a permutation seeded by ROW_ORDER_SEED and the epoch (file
+    order would give batches of one or two documents). Validation from row 0 is always the same."""
 
     def __init__(self, data_dir, split, batch_rows, rank=0, world_size=1, start_row=0):
         import torch  # here, not at the top: preparing data never needs torch
@@ -570,7 +570,7 @@ class RowLoader:
     def next_batch(self):
         """(x, y): int64 tensors (batch_rows, seq_len); y is x shifted left by one token."""
         global_rows = self.row + self.rank + self.world_size * np.arange(self.batch_rows)
-        idx = [self.order(g // self.n_rows)[g % self.n_rows] for g in global_rows.tolist()]  # may straddle 2 passes
+        idx = [self.order(g // self.n_rows)[g % self.n_rows] for g in global_rows.tolist()]  # 1 or 2 passes
         rows = self.torch.from_numpy(self.data[idx].astype(np.int64))
         self.row += self.world_size * self.batch_rows
         self.epoch = self.row // self.n_rows
