@@ -674,7 +674,9 @@ def make_plots(res, rows, outdir):
     ax2.plot(lims, lims, "k--", lw=0.8)
     ax2.set(xlabel="predicted loss (nats)", ylabel="actual loss (nats)", title="joint" if res["joint"] else "per-arch")
     for ax3, lab in zip(axes3, ("L* (nats)", "N*", "D* (tokens)")):
-        ax3.set(xscale="log", yscale="linear" if lab[0] == "L" else "log", xlabel="compute C (FLOPs)", ylabel=lab)
+        ax3.set(xlabel="compute C (FLOPs)", ylabel=lab)
+        if any(len(line.get_xdata()) for line in ax3.get_lines()):  # a grid too small for per-r laws has no frontier
+            ax3.set(xscale="log", yscale="linear" if lab[0] == "L" else "log")
     for ax in (ax2, axes3[0]):
         ax.legend(fontsize=7)
     names = ["isoflop.png", "pred_vs_actual.png", "frontier.png"]
