@@ -2,9 +2,9 @@
 Download, tokenize and pack FineWeb-Edu (or local text) into rows of seq_len + 1 uint16 tokens: the one
 deterministic stream every architecture reads, each document starting with BOS, best-fit packed (RECIPE §5).
 
-    python prepare_data.py --shards 150 --out data/fineweb          # the paper's data (internet)
+    python prepare_data.py --shards 205 --out data/fineweb  # paper grid: 7.97B tokens at ~39M a shard (an estimate)
     python prepare_data.py --source ../shared/data/micro-corpus --vocab-size 2048 --seq-len 128 \
-        --val-fraction 0.02 --out data/micro-2k                    # local text, the CPU grids
+        --val-fraction 0.02 --out data/micro-2k            # local text, the CPU grids
 
 Downloads follow the paper (§4.1): Llama 2's tokenizer + <|assistant_end|> (32,001 ids, as the authors'
 nanochat fork), crop packing, validation = the dataset's last shards. Local --source text gets a BPE trained
@@ -68,8 +68,7 @@ def sha256_file(path):
 
 
 def atomic_write(path, data):
-    """Write `data` (bytes, or a callable writing to a binary file) so a crash leaves the old file or the
-    whole new one: a uniquely named temp file beside it, fsynced, renamed over `path`, folder fsynced."""
+    """Crash-safe write of bytes or callable(f): a unique temp file beside `path`, fsynced, renamed, folder fsynced."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
@@ -101,12 +100,9 @@ def check_parquet(path):
 def iter_texts(path):
     """A source file's documents: its parquet 'text' column, .jsonl lines' 'text' fields, or a whole .txt."""
     if path.suffix == ".parquet":
-        try:
-            with pq.ParquetFile(path) as pf:
-                for g in range(pf.num_row_groups):
-                    yield from pf.read_row_group(g, columns=["text"]).column("text").to_pylist()
-        except Exception as e:
-            raise DataError(f"{path}: parquet data could not be read ({e})") from None
+        with pq.ParquetFile(path) as pf:
+            for g in range(pf.num_row_groups):
+                yield from pf.read_row_group(g, columns=["text"]).column("text").to_pylist()
     elif path.suffix == ".jsonl":
         for lineno, line in enumerate(path.open("rb"), 1):
             if not line.strip():
@@ -141,8 +137,7 @@ def batches(plan):
 
 
 def download_file(url, dest, retries=RETRIES, check=check_parquet):
-    """Fetch url into dest.tmp, check it, rename it to dest (so a dest on disk was checked whole). A transfer
-    that drops mid-file resumes from the bytes on disk with an HTTP Range request, `retries` times."""
+    """Fetch url into dest.tmp, check it, rename it to dest; a dropped transfer resumes with an HTTP Range request."""
     dest, tmp = Path(dest), Path(f"{dest}.tmp")
     if dest.exists():
         return dest
@@ -182,28 +177,16 @@ def download_file(url, dest, retries=RETRIES, check=check_parquet):
     return tmp.replace(dest)
 
 
-def download_all(urls, paths):
-    """Fetch files 8 at a time; return their paths. The first error (or Ctrl-C) cancels those not started."""
-    with ThreadPoolExecutor(8) as pool:
-        try:
-            return list(pool.map(download_file, urls, paths))
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)  # running ones finish into their .tmp
-            raise
-
-
 class Tokenizer:
-    """encode (no BOS), encode_batch, decode, bos_id, vocab_size (all ids). 'bpe': tiktoken ranks trained
-    here, BOS after the last rank; 'llama2': SentencePiece with its BOS <s>, EXTRA_TOKEN after its pieces."""
+    """encode (no BOS) and decode. 'bpe': BPE trained here, then BOS; 'llama2': SentencePiece, then EXTRA_TOKEN."""
 
     def __init__(self, kind, path):
         self.kind = kind
         if kind == "bpe":  # the expected hash stops tiktoken's path-keyed cache serving a stale file
             ranks = tiktoken.load.load_tiktoken_bpe(str(path), expected_hash=sha256_file(path))
-            self.bos_id = len(ranks)
-            self._enc = tiktoken.Encoding(f"nanoloop-bpe-{len(ranks) + 1}", pat_str=SPLIT_PATTERN,
-                                          mergeable_ranks=ranks, special_tokens={BOS_TOKEN: len(ranks)})
-            self.vocab_size = self._enc.n_vocab
+            self.bos_id, self.vocab_size = len(ranks), len(ranks) + 1
+            self._enc = tiktoken.Encoding(f"nanoloop-bpe-{self.vocab_size}", pat_str=SPLIT_PATTERN,
+                                          mergeable_ranks=ranks, special_tokens={BOS_TOKEN: self.bos_id})
             return
         import sentencepiece  # here: train.py imports this file and never needs it
         try:
@@ -212,8 +195,6 @@ class Tokenizer:
             raise DataError(f"{path}: not a SentencePiece model ({e})") from None
         self.bos_id, self.extra_id = self._sp.bos_id(), self._sp.get_piece_size()
         self.vocab_size = self.extra_id + 1
-        if self.bos_id < 0 or self.vocab_size > MAX_VOCAB:
-            raise DataError(f"{path}: needs a BOS piece and at most {MAX_VOCAB - 1} pieces (uint16 ids)")
 
     def encode_batch(self, texts, threads=1):
         # encode_ordinary: a literal "<|bos|>" in the data stays text, never the special token.
@@ -234,8 +215,7 @@ class Tokenizer:
 
 
 def train_bpe(texts, vocab_size, out_path):
-    """Train a byte-level BPE (vocab_size counts BOS) with rustbpe; write its ranks in tiktoken's file
-    format, as tiktoken.load.dump_tiktoken_bpe would (which needs the blobfile package)."""
+    """rustbpe's byte-level BPE of vocab_size tokens (BOS included) in tiktoken's format (no blobfile needed)."""
     import rustbpe  # imported here: the llama2 path and the data loader never need it
     tok = rustbpe.Tokenizer()
     tok.train_from_iterator(texts, vocab_size - 1, pattern=SPLIT_PATTERN)
@@ -247,11 +227,10 @@ def train_bpe(texts, vocab_size, out_path):
 
 
 class Packer:
-    """Best-fit packing into rows of row_len tokens (RECIPE §5; the authors' prepack, nanochat's BOS-aligned
-    best-fit): from a buffer of BUFFER_DOCS documents a row takes the largest that fits the space left (ties:
-    the earliest); when none fits, the shortest is cropped to fill the row, its rest discarded and counted.
-    split_long (local corpora of whole books): a document longer than a row is first cut into row_len
-    pieces, buffered one by one and so kept whole; only its first piece starts with BOS."""
+    """Best-fit packing into rows of row_len tokens (RECIPE §5; the authors' prepack, nanochat's BOS-aligned best-fit):
+    from a buffer of BUFFER_DOCS documents a row takes the largest that fits the space left (ties: the earliest); when
+    none fits, the shortest is cropped to fill the row, its rest discarded and counted. split_long (local corpora of
+    whole books): a longer document is first cut into row_len pieces, each buffered and kept; the first has BOS."""
 
     def __init__(self, out_file, row_len, split_long, buffer_docs=BUFFER_DOCS):
         self.out, self.row_len, self.split_long, self.buffer_docs = out_file, row_len, split_long, buffer_docs
@@ -290,8 +269,8 @@ class Packer:
 
 
 def tokenize_and_pack(plan, tok, row_len, split_long, threads, out_paths):
-    """Tokenize on `threads` threads while a second thread packs the last batch (tokenizers release the GIL).
-    Returns per-split stats, tokens/s and how many validation documents are also training ones (by hash)."""
+    """Tokenize on `threads` threads while another packs the last batch (tokenizers release the GIL); return
+    per-split stats, seconds, tokens/s and shared_docs (validation documents also in training, by hash)."""
     t0 = last_print = time.time()
     n_docs, hashes = sum(e["docs"] for e in plan), {"train": array("q"), "val": array("q")}
     with open(out_paths["train"], "wb") as f_train, open(out_paths["val"], "wb") as f_val, \
@@ -301,9 +280,7 @@ def tokenize_and_pack(plan, tok, row_len, split_long, threads, out_paths):
         def pack(batch, token_ids):
             for (split, text), ids in zip(batch, token_ids):
                 hashes[split].append(hash(text))
-                doc = np.empty(len(ids) + 1, np.uint16)
-                doc[0], doc[1:] = tok.bos_id, ids
-                packers[split].add_document(doc)
+                packers[split].add_document(np.array([tok.bos_id, *ids], np.uint16))
         done = packing.submit(int)
         for batch in batches(plan):
             token_ids = tok.encode_batch([text for _, text in batch], threads)
@@ -318,10 +295,9 @@ def tokenize_and_pack(plan, tok, row_len, split_long, threads, out_paths):
         for f in (f_train, f_val):
             f.flush()
             os.fsync(f.fileno())
-    stats["seconds"] = time.time() - t0
+    seconds, tokens_in = time.time() - t0, stats["train"]["tokens_in"] + stats["val"]["tokens_in"]
     shared = np.isin(np.frombuffer(hashes["val"], np.int64), np.frombuffer(hashes["train"], np.int64)).sum()
-    tokens_in = stats["train"]["tokens_in"] + stats["val"]["tokens_in"]
-    return stats | {"tokens_per_s": tokens_in / max(stats["seconds"], 1e-9), "shared_docs": int(shared)}
+    return stats | {"seconds": seconds, "tokens_per_s": tokens_in / max(seconds, 1e-9), "shared_docs": int(shared)}
 
 
 def local_files(sources):
@@ -337,8 +313,8 @@ def local_files(sources):
 
 
 def make_plan(files, val_files, val_fraction):
-    """Validation, decided before any tokenizing: the last val_files files, or the last val_fraction of every
-    file's documents (at least one left for training). Counting documents checks every file early."""
+    """Validation = the last val_files files or each file's last val_fraction of documents (one stays in training).
+    Decided before any tokenizing; counting documents checks every file early."""
     plan = []
     for k, path in enumerate(files):
         n = check_parquet(path) if path.suffix == ".parquet" else sum(1 for _ in iter_texts(path))
@@ -376,27 +352,21 @@ def parse_args(argv):
     p.add_argument("--download-dir", default="data/raw", help="where downloads are kept (default data/raw)")
     p.add_argument("--tokenizer", choices=["bpe", "llama2"], help="default: llama2 for downloads, bpe for --source")
     p.add_argument("--tokenizer-model", help=f"SentencePiece .model file or URL (default {LLAMA2_URL})")
-    p.add_argument("--vocab-size", type=int, help="BPE vocabulary including <|bos|> (default 32000)")
+    p.add_argument("--vocab-size", type=number(257, MAX_VOCAB + 1), help="BPE vocabulary incl. <|bos|> (default 32000)")
     p.add_argument("--seq-len", type=number(1), default=2048, help="rows hold seq-len+1 tokens (default 2048)")
     p.add_argument("--packing", choices=["crop", "split"], help="default: crop for downloads, split for --source")
     p.add_argument("--workers", type=number(1), default=os.cpu_count() or 1, help="tokenizer threads (all cores)")
     a = p.parse_args(argv)
     local = a.source is not None
-    if local and a.shards:
-        p.error("--shards applies to downloads, not to --source")
+    if a.shards if local else a.val_fraction:
+        p.error("--shards applies to downloads, not to --source" if local else "--val-fraction is for --source")
     a.shards, a.val_shards = a.shards or 8, 0 if a.val_fraction else a.val_shards or (2 if local else VAL_SHARDS)
     a.tokenizer, a.packing = a.tokenizer or ("bpe" if local else "llama2"), a.packing or ("split" if local else "crop")
-    if a.tokenizer == "llama2" and a.vocab_size:
-        p.error("--vocab-size is fixed by the SentencePiece model; drop the flag")
+    if a.tokenizer_model if a.tokenizer == "bpe" else a.vocab_size:
+        p.error(f"--{'tokenizer-model' if a.tokenizer == 'bpe' else 'vocab-size'} is not for --tokenizer {a.tokenizer}")
     a.vocab_size = a.vocab_size or (32000 if a.tokenizer == "bpe" else None)
-    if not local and a.val_fraction:
-        p.error("--val-fraction is for --source; downloads hold out the dataset's last --val-shards")
-    if a.tokenizer == "bpe" and a.tokenizer_model:
-        p.error("--tokenizer-model is for --tokenizer llama2")
-    if a.tokenizer == "bpe" and not 257 <= a.vocab_size <= MAX_VOCAB:
-        p.error(f"--vocab-size {a.vocab_size} out of range: 257 (256 bytes + BOS) to {MAX_VOCAB} (uint16 ids)")
-    if "://" not in (a.tokenizer_model or "://") and not Path(a.tokenizer_model).is_file():
-        p.error(f"{a.tokenizer_model}: tokenizer model not found")
+    if not local and a.shards + a.val_shards > N_SHARDS:
+        p.error(f"--shards {a.shards} + --val-shards {a.val_shards} exceeds the dataset's {N_SHARDS} shards")
     a.command = shlex.join(["python", "prepare_data.py", *map(str, sys.argv[1:] if argv is None else argv)])
     return a
 
@@ -404,27 +374,29 @@ def parse_args(argv):
 def prepare(a):
     """Run the whole pipeline for parsed arguments; return the meta dict written."""
     out, bpe, ddir = Path(a.out), a.tokenizer == "bpe", Path(a.download_dir)
-    if a.source is not None:
-        files = local_files(a.source)
-    else:
-        if a.shards + a.val_shards > N_SHARDS:
-            raise DataError(f"--shards {a.shards} + --val-shards {a.val_shards} exceeds the {N_SHARDS} shards")
-        names = [f"shard_{i:05d}.parquet" for i in [*range(a.shards), *range(N_SHARDS - a.val_shards, N_SHARDS)]]
-        files = download_all([f"{a.base_url.rstrip('/')}/{n}" for n in names], [ddir / n for n in names])
-    if not bpe:  # a SentencePiece model that loads; the default one must be Llama 2's file
+    if not bpe:  # before the shards: a SentencePiece model that loads; the default one must be Llama 2's file
         model = a.tokenizer_model or LLAMA2_URL
 
         def check_model(path):
-            Tokenizer("llama2", path)  # it loads, or a one-line DataError
+            Tokenizer("llama2", path)  # it loads, or a one-line DataError (a missing file too)
             if not a.tokenizer_model and sha256_file(path) != LLAMA2_SHA256:
                 raise DataError(f"{path}: sha256 {sha256_file(path)} is not Llama 2's tokenizer's ({LLAMA2_SHA256})")
         if "://" in model:
             model = download_file(model, ddir / model.rsplit("/", 1)[1], check=check_model)
         check_model(model)
+    if a.source is not None:
+        files = local_files(a.source)
+    else:
+        names = [f"shard_{i:05d}.parquet" for i in [*range(a.shards), *range(N_SHARDS - a.val_shards, N_SHARDS)]]
+        with ThreadPoolExecutor(8) as pool:  # 8 at a time; the first error (or Ctrl-C) cancels those not started
+            try:
+                files = list(pool.map(lambda n: download_file(f"{a.base_url.rstrip('/')}/{n}", ddir / n), names))
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)  # running ones finish into their .tmp
+                raise
     plan = make_plan(files, a.val_shards, a.val_fraction)
 
-    # What the rows depend on. A dataset in --out is only replaced by one built the same way: another
-    # flag or source is refused before tokenizing, naming what differs.
+    # What the rows depend on: a dataset in --out is only replaced by one built the same way (refused: what differs).
     split = ({"val_fraction": a.val_fraction} if a.val_fraction
              else {"val_files": [e["path"].name for e in plan if e["val_from"] == 0]})
     settings = {"tokenizer": a.tokenizer, "vocab_size": a.vocab_size, "seq_len": a.seq_len, "packing": a.packing,
@@ -434,7 +406,7 @@ def prepare(a):
         try:
             old = json.loads((out / "meta.json").read_text())["settings"]
         except (ValueError, KeyError, TypeError):
-            raise DataError(f"{out} holds a dataset in another (older?) format; delete it, or use another --out") from None
+            raise DataError(f"{out} holds a dataset in an older format; use another --out or delete {out}") from None
         for key in (k for k in settings if old.get(k) != settings[k]):
             raise DataError(f"{out} holds a dataset built with {key} {json.dumps(old.get(key))}, not "
                             f"{json.dumps(settings[key])}; use another --out or delete {out}")
@@ -447,8 +419,7 @@ def prepare(a):
         if bpe:
             print(f"tokenizer: training a {a.vocab_size}-token BPE", file=sys.stderr, flush=True)
             first = itertools.islice(batches(plan), BPE_BATCHES)
-            texts = (text for batch in first for split, text in batch if split == "train")
-            train_bpe(texts, a.vocab_size, tmp[tok_name])
+            train_bpe((text for batch in first for s, text in batch if s == "train"), a.vocab_size, tmp[tok_name])
         else:
             tmp[tok_name].write_bytes(Path(model).read_bytes())
         tok = Tokenizer(a.tokenizer, tmp[tok_name])
@@ -468,9 +439,9 @@ def prepare(a):
                 "seq_len": a.seq_len, "row_len": a.seq_len + 1,
                 **{f"{s}_{k}": st[s][k] for s in ("train", "val") for k in ("rows", "tokens", "docs")},
                 "train_sha256": sha256_file(tmp["train.bin"]), "val_sha256": sha256_file(tmp["val.bin"]),
-                "cropped_tokens": both("cropped_tokens"), "cropped_fraction": both("cropped_tokens") / both("tokens_in"),
-                "tail_tokens_dropped": both("tail_tokens_dropped"), "shared_docs": st["shared_docs"], "split": split,
-                "packing": {"method": a.packing, "buffer_docs": BUFFER_DOCS}, "settings": settings,
+                "cropped_tokens": both("cropped_tokens"), "tail_tokens_dropped": both("tail_tokens_dropped"),
+                "cropped_fraction": both("cropped_tokens") / both("tokens_in"), "shared_docs": st["shared_docs"],
+                "split": split, "packing": {"method": a.packing, "buffer_docs": BUFFER_DOCS}, "settings": settings,
                 "seconds": round(time.time() - t0, 1), "tokens_per_s": round(st["tokens_per_s"]), "command": a.command}
         (out / "meta.json").unlink(missing_ok=True)  # first: new files never sit next to a stale marker
         for name, path in tmp.items():
@@ -499,15 +470,13 @@ def main(argv=None):
 
 
 # --- what train.py reads the data with ---------------------------------------------------------
-
 REQUIRED_KEYS = ("tokenizer_kind", "tokenizer_file", "tokenizer_sha256", "vocab_size", "bos_id", "seq_len",
                  "row_len", "train_rows", "val_rows", "train_tokens", "train_sha256", "val_sha256", "packing")
 ROW_ORDER_SEED = 1234  # the data order of every run; change it to resample the order
 
 
 def read_meta(data_dir, verify=True):
-    """meta.json as a dict once the dataset is known whole: every required key, .bin files of the recorded
-    size and (verify: a full read, ~1 s/GB, once per train.py start) sha256; else a one-line DataError."""
+    """meta.json once the dataset checks whole: keys, .bin sizes, (verify: a full read) sha256s; else a DataError."""
     path = Path(data_dir) / "meta.json"
     rebuild = f"rebuild with prepare_data.py (e.g. --shards 8 --out {data_dir}, or --source PATH)"
     try:
@@ -547,14 +516,11 @@ def load_tokenizer(data_dir):
 
 
 class RowLoader:
-    """Batches of rows from train.bin / val.bin (memory-mapped). next_batch() consumes world_size *
-    batch_rows global rows from self.row (save it to resume), rank k taking row + k + world_size * i. Global
-    row g is file row order(epoch)[g % n_rows], a permutation seeded by ROW_ORDER_SEED and the epoch (file
-    order would give batches of one or two documents). Validation from row 0 is always the same."""
+    """Batches of rows from train.bin / val.bin (memory-mapped). next_batch() consumes world_size * batch_rows global
+    rows from self.row (save it to resume), rank k taking row + k + world_size * i. Row g is file row order(epoch)[g %
+    n_rows], a permutation seeded by ROW_ORDER_SEED and the epoch (file order: batches of one or two documents)."""
 
     def __init__(self, data_dir, split, batch_rows, rank=0, world_size=1, start_row=0):
-        import torch  # here, not at the top: preparing data never needs torch
-        self.torch = torch
         meta = read_meta(data_dir, verify=False)  # sizes checked; train.py verified the checksums
         self.row_len, self.seq_len, self.n_rows = meta["row_len"], meta["seq_len"], meta[f"{split}_rows"]
         self.data = np.memmap(Path(data_dir) / f"{split}.bin", np.uint16, "r", shape=(self.n_rows, self.row_len))
@@ -571,7 +537,8 @@ class RowLoader:
         """(x, y): int64 tensors (batch_rows, seq_len); y is x shifted left by one token."""
         global_rows = self.row + self.rank + self.world_size * np.arange(self.batch_rows)
         idx = [self.order(g // self.n_rows)[g % self.n_rows] for g in global_rows.tolist()]  # 1 or 2 passes
-        rows = self.torch.from_numpy(self.data[idx].astype(np.int64))
+        import torch  # here, not at the top: preparing data never needs torch
+        rows = torch.from_numpy(self.data[idx].astype(np.int64))
         self.row += self.world_size * self.batch_rows
         self.epoch = self.row // self.n_rows
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()

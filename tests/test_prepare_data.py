@@ -206,7 +206,7 @@ def test_partial_file_that_is_not_a_prefix_is_fetched_anew(server, tmp_path):
 def test_garbage_download_is_a_clear_error(server, tmp_path):
     dl = tmp_path / "raw"
     msg = error_of("--base-url", url(server, "garbage"), "--shards", 1, "--val-shards", 1,
-                   "--download-dir", dl, "--out", tmp_path / "out")
+                   "--download-dir", dl, "--out", tmp_path / "out", "--tokenizer", "bpe")
     assert "shard_0" in msg and "is not valid, deleted" in msg and "not a readable parquet" in msg
     assert not list(dl.iterdir())  # neither a shard nor a .tmp is left behind
     assert not (tmp_path / "out" / "meta.json").exists()
@@ -216,7 +216,7 @@ def test_garbage_download_is_a_clear_error(server, tmp_path):
 def test_truncated_download_is_a_clear_error(server, tmp_path):
     dl = tmp_path / "raw"
     msg = error_of("--base-url", url(server, "truncate"), "--shards", 1, "--val-shards", 1,
-                   "--download-dir", dl, "--out", tmp_path / "out")
+                   "--download-dir", dl, "--out", tmp_path / "out", "--tokenizer", "bpe")
     name = msg.split("/truncate/")[1].split(":")[0]  # the shard that failed first
     assert name in ("shard_00000.parquet", "shard_01822.parquet")
     assert f"incomplete after {pdata.RETRIES + 1} attempts" in msg
@@ -227,7 +227,7 @@ def test_truncated_download_is_a_clear_error(server, tmp_path):
 @needs_sample
 def test_missing_remote_shard_is_not_retried(server, tmp_path):
     msg = error_of("--base-url", url(server, "ok"), "--shards", 3, "--val-shards", 1,
-                   "--download-dir", tmp_path / "raw", "--out", tmp_path / "out")
+                   "--download-dir", tmp_path / "raw", "--out", tmp_path / "out", "--tokenizer", "bpe")
     assert "shard_00002.parquet: HTTP 404" in msg
     assert sum(r[1] == "shard_00002.parquet" for r in server.requests) == 1
 
@@ -516,13 +516,20 @@ def test_bad_sources_name_the_file(tmp_path):
 
 
 def test_bad_flags_are_refused_before_any_work(tmp_path):
-    for vocab in (65537, 70000):
-        assert f"--vocab-size {vocab} out of range" in error_of(
+    for vocab in (256, 65537, 70000):  # 256 bytes + BOS at least; ids are uint16
+        assert f"argument --vocab-size: {vocab} is not in [257, 65537)" in error_of(
             "--vocab-size", vocab, "--source", tmp_path / "nope", "--out", tmp_path / "o")
-    assert "--tokenizer-model is for --tokenizer llama2" in error_of(
-        "--tokenizer-model", tmp_path, "--source", tmp_path)
-    assert "tokenizer model not found" in error_of("--tokenizer", "llama2", "--tokenizer-model",
-                                                   tmp_path / "x.model", "--source", tmp_path)
+    assert "--tokenizer-model is not for --tokenizer bpe" in error_of(
+        "--tokenizer-model", tmp_path, "--source", tmp_path, "--out", tmp_path / "o")
+    assert "--vocab-size is not for --tokenizer llama2" in error_of(
+        "--vocab-size", 512, "--tokenizer", "llama2", "--source", tmp_path, "--out", tmp_path / "o")
+    assert "--vocab-size is not for --tokenizer llama2" in error_of("--vocab-size", 512, "--out", tmp_path / "o")
+    # A missing model file is found before any shard is fetched or source file read.
+    msg = error_of("--tokenizer", "llama2", "--tokenizer-model", tmp_path / "x.model", "--source", tmp_path,
+                   "--out", tmp_path / "o")
+    assert f"{tmp_path / 'x.model'}: not a SentencePiece model" in msg
+    assert "exceeds the dataset's 1823 shards" in error_of("--shards", 1821, "--val-shards", 3,
+                                                           "--out", tmp_path / "o")
     assert "not allowed with argument" in error_of("--val-fraction", 0.1, "--val-shards", 1)
     assert "--shards applies to downloads" in error_of("--shards", 3, "--source", tmp_path)
     assert "--val-fraction is for --source" in error_of("--val-fraction", 0.1)
@@ -536,7 +543,7 @@ def test_cli_reports_one_line_and_fails(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "prepare_data.py"), "--vocab-size", "70000",
                         "--source", str(tmp_path), "--out", str(tmp_path / "o")], capture_output=True, text=True)
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.strip().startswith("prepare_data.py: error: --vocab-size 70000")
+    assert r.stderr.strip().startswith("prepare_data.py: error: argument --vocab-size: 70000 is not in")
     assert len(r.stderr.strip().splitlines()) == 1
 
 
@@ -558,7 +565,7 @@ def test_existing_output_with_another_tokenizer_is_refused(built, tmp_path):
     (out / "meta.json").write_text(json.dumps(meta))
     msg = error_of("--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 512, "--seq-len", 64,
                    "--out", out)
-    assert msg.endswith(f"{out} holds a dataset in another (older?) format; delete it, or use another --out")
+    assert msg.endswith(f"{out} holds a dataset in an older format; use another --out or delete {out}")
 
 
 @needs_sample
