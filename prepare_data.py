@@ -195,6 +195,8 @@ class Tokenizer:
             raise DataError(f"{path}: not a SentencePiece model ({e})") from None
         self.bos_id, self.extra_id = self._sp.bos_id(), self._sp.get_piece_size()
         self.vocab_size = self.extra_id + 1
+        if self.bos_id < 0 or self.vocab_size > MAX_VOCAB:  # rows are uint16 and start with BOS
+            raise DataError(f"{path}: {self.vocab_size} ids (max {MAX_VOCAB}) or no BOS piece; not usable here")
 
     def encode_batch(self, texts, threads=1):
         # encode_ordinary: a literal "<|bos|>" in the data stays text, never the special token.

@@ -488,6 +488,19 @@ def test_sentencepiece_tokenizer_on_local_text(sp_model, tmp_path):
     assert "not a SentencePiece model" in error_of(*args, "--out", tmp_path / "o2")
 
 
+def test_sentencepiece_model_without_bos_is_one_line(tmp_path):
+    """Rows start with BOS and hold uint16 ids: a model without a BOS piece is refused before packing."""
+    if not SAMPLE.is_dir():
+        pytest.skip(f"{SAMPLE} not found (the offline FineWeb-Edu sample)")
+    spm = pytest.importorskip("sentencepiece")
+    model_path = tmp_path / "nobos.model"
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sample_texts()[:60]), model_prefix=str(model_path)[:-6],
+                                   vocab_size=300, bos_id=-1, num_threads=1, minloglevel=2)
+    args = ["--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--seq-len", 64, "--tokenizer", "llama2",
+            "--tokenizer-model", model_path, "--out", tmp_path / "out"]
+    assert "no BOS piece" in error_of(*args)
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input
 # ---------------------------------------------------------------------------------------------
