@@ -247,8 +247,14 @@ def positive_float(text):
     return value
 
 
+def positive_int_list(text):
+    """argparse type: comma-separated integers >= 1, e.g. loop counts "2,8"."""
+    return [positive_int(x) for x in text.split(",") if x.strip()]
+
+
 # argparse names the helper in its message ("invalid positive_int value: '0'"): say it in words.
 positive_int.__name__, count.__name__ = "integer >= 1", "integer >= 0"
+positive_int_list.__name__ = "comma-separated list of integers >= 1"
 finite_float.__name__, positive_float.__name__ = "finite number", "positive number"
 
 

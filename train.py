@@ -75,8 +75,8 @@ def parse_args(argv=None):
     g.add_argument("--save-every", type=flops.count, default=500, help="checkpoint every N steps (0: only end/signal)")
     g.add_argument("--log-every", type=flops.positive_int, default=10)
     g.add_argument("--eval-rows", type=flops.positive_int, default=512, help="fixed validation rows (held-out split)")
-    g.add_argument("--eval-r", type=lambda text: [flops.positive_int(x) for x in text.split(",") if x.strip()],
-                   default=[], help="also evaluate at these loop counts, e.g. 2,8 (App. A)")
+    g.add_argument("--eval-r", type=flops.positive_int_list, default=[],
+                   help="also evaluate at these loop counts, e.g. 2,8 (App. A)")
     g.add_argument("--sample", type=flops.count, default=0, help="print N sampled continuations at the end")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])

@@ -174,7 +174,7 @@ def test_killed_run_resumes_exactly(sample_data, tmp_path):
     (["--device-batch", "-4"], "--device-batch: invalid integer >= 0 value"),
     (["--save-every", "-1"], "--save-every: invalid integer >= 0 value"),
     (["--eval-rows", "0"], "--eval-rows: invalid integer >= 1 value"),
-    (["--eval-r", "2,x"], "--eval-r: invalid <lambda> value: '2,x'"),
+    (["--eval-r", "2,x"], "--eval-r: invalid comma-separated list of integers >= 1 value: '2,x'"),
     (["--lr-matrix", "nan"], "--lr-matrix: invalid finite number value"),
     (["--dtype", "float16"], "invalid choice"),
 ])
