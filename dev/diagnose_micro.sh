@@ -9,9 +9,10 @@
 #   inject   r = 4 with additive and with passthrough injection (the grid used linear)
 #   seeds    seeds 1 and 2 for every r (run-to-run noise)
 #   lrnorm   the norm scales' AdamW base LR at 0.05, 0.15 and 0.5 (paper: 0.005)
-#   lr       MuonH base LR 0.028 and 0.112 (the grid: 0.056) for r = 1 and 4 at norm LR 0.05
+#   lr       MuonH base LR 0.028 and 0.112 (the grid: 0.056) for r = 1 and 4 at norm LR 0.05, and
+#            0.014-0.112 for r = 1, 4, 8 at norm LR 0.15
 #
-#   bash dev/diagnose_micro.sh              # 34 runs, ~90 min with CPU_JOBS=1; rows in dev/results/diagnostics/results.jsonl
+#   bash dev/diagnose_micro.sh              # 43 runs, ~2 h with CPU_JOBS=1; rows in dev/results/diagnostics/results.jsonl
 #   CPU_JOBS=2 bash dev/diagnose_micro.sh   # two at a time, one thread each
 #   bash dev/diagnose_micro.sh --list       # the runs, one "NAME flags" line each
 # Finished runs are skipped (their row is in the results file), so it can be rerun after a kill.
@@ -37,6 +38,12 @@ plan() {  # one "NAME flags" line per run
   echo "layout_pass_lr0.056 --r 1 --recur 16 --injection passthrough --lr-matrix 0.056 --scale 0.25"
   for r in 1 4; do echo "r${r}_lrnorm0.15_lr0.056 --r $r --lr-norm 0.15 --lr-matrix 0.056 --scale 0.25"; done
   echo "r4_seed1_lr0.056 --r 4 --seed 1 --lr-matrix 0.056 --scale 0.25"
+  # A slice of the joint calibration: MuonH base LR at norm LR 0.15 for r = 1, 4, 8, and a second seed at two optima
+  for r in 1 4 8; do echo "r${r}_lrnorm0.15_lr0.028 --r $r --lr-norm 0.15 --lr-matrix 0.028 --scale 0.25"; done
+  echo "r8_lrnorm0.15_lr0.056 --r 8 --lr-norm 0.15 --lr-matrix 0.056 --scale 0.25"
+  for r in 1 4 8; do echo "r${r}_lrnorm0.15_lr0.112 --r $r --lr-norm 0.15 --lr-matrix 0.112 --scale 0.25"; done
+  echo "r1_lrnorm0.15_lr0.056_seed1 --r 1 --lr-norm 0.15 --lr-matrix 0.056 --seed 1 --scale 0.25"
+  echo "r4_lrnorm0.15_seed1 --r 4 --lr-norm 0.15 --seed 1 --scale 0.25"
 }
 if [ "${1:-}" = --list ]; then plan; exit 0; fi
 plan | bash dev/micro_runs.sh

@@ -51,6 +51,13 @@ def main(diag_path=RESULTS / "diagnostics" / "results.jsonl", grid_path=RESULTS 
         print(f"  r = {r}: 0.014 {get(f'r{r}_lrnorm0.05')}  0.028 {get(f'r{r}_lrnorm0.05_lr0.028')}  "
               f"0.112 {get(f'r{r}_lrnorm0.05_lr0.112')}")
 
+    print("\nMuonH base LR at norm LR 0.15 (seed 0; a second seed in brackets)")
+    for r in (1, 4, 8):
+        names = [f"r{r}_lrnorm0.15"] + [f"r{r}_lrnorm0.15_lr{lr}" for lr in ("0.028", "0.056", "0.112")]
+        cells = [f"{lr} {get(name)}" + (f" [{get(name + '_seed1')}]" if name + "_seed1" in loss else "")
+                 for lr, name in zip(("0.014", "0.028", "0.056", "0.112"), names)]
+        print(f"  r = {r}: " + "  ".join(cells))
+
     print("\nThe grid's MuonH base LR 0.056 (seed 0 = the grid's row)")
     print(f"  r = 1 seeds 0, 1, 2: {get('r1_seed0_lr0.056')} {get('r1_seed1_lr0.056')} {get('r1_seed2_lr0.056')}   "
           f"r = 4 seeds 0, 1: {get('r4_seed0_lr0.056')} {get('r4_seed1_lr0.056')}")
