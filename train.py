@@ -86,16 +86,14 @@ def parse_args(argv=None):
 
 
 def plan_run(args, meta):
-    """Validate every flag against the data and resolve (config, steps). Reads only meta.json."""
+    """Validate every flag against the data and resolve (config, steps). Reads only meta.json; a bad
+    layout raises ValueError (main turns it into one line)."""
     for flag, given, have in (("--seq-len", args.seq_len, meta["seq_len"]),
                               ("--vocab", args.vocab, meta["vocab_size"])):
         if given not in (None, have):
             fail(f"{flag} {given} does not match the data ({have}, {args.data}/meta.json)")
     args.seq_len = meta["seq_len"]
-    try:
-        cfg = flops.config_from_args(args, vocab_size=meta["vocab_size"])
-    except ValueError as e:
-        fail(str(e))
+    cfg = flops.config_from_args(args, vocab_size=meta["vocab_size"])
     if sum(x is not None for x in (args.flops, args.tokens, args.tokens_per_param)) > 1:
         fail("give only one of --flops, --tokens, --tokens-per-param")
     if args.batch_tokens % cfg.seq_len:
@@ -158,17 +156,14 @@ def evaluate(model, loader, n_batches, world, device, autocast, r=None):
 def main(argv=None):
     args = parse_args(argv)
     # --- validate everything and fix the run's identity before touching devices or outputs -------
-    try:
-        meta = read_meta(args.data)  # checks keys, sizes and checksums
-    except (FileNotFoundError, ValueError) as e:
-        fail(str(e))
-    cfg, steps = plan_run(args, meta)
     if args.device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda but no CUDA device is visible")
     args.device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
-    base_lrs, lr_rule = lr_settings(args)
-    tokens_ref = args.ref_tokens or flops.reference_horizon(looped=cfg.r > 1)
-    try:
+    try:  # bad data, layout or LR settings: one line (read_meta's DataError is a ValueError)
+        meta = read_meta(args.data, verify=False)  # keys and sizes; checksums below, for a run not done
+        cfg, steps = plan_run(args, meta)
+        base_lrs, lr_rule = lr_settings(args)
+        tokens_ref = args.ref_tokens or flops.reference_horizon(looped=cfg.r > 1)
         lrs = learning_rates(cfg.d_model, args.batch_tokens, steps * args.batch_tokens, tokens_ref, base_lrs, **lr_rule)
     except ValueError as e:
         fail(str(e))
@@ -183,6 +178,13 @@ def main(argv=None):
     run_name = (f"r{cfg.r}_s{cfg.scale:g}_rb{cfg.r_bwd}_{cfg.injection}"
                 f"_{f'C{args.flops:.3g}' if args.flops else f'steps{steps}'}_seed{args.seed}")
     out, results = Path(args.out or f"runs/{run_name}"), Path(args.results) if args.results else None
+    if results and results.exists() and f'"run_id": "{run_id}"' in results.read_text():  # json.dumps' spelling
+        print(f"already done: {run_id[:12]} has its row in {results}")
+        return 0
+    try:  # the full read for the checksums: only for a run not done yet
+        read_meta(args.data)
+    except ValueError as e:
+        fail(str(e))
     try:  # a path that cannot be written fails now, not after the compute
         out.mkdir(parents=True, exist_ok=True)
         lock = open(out / ".lock", "a")
@@ -205,9 +207,6 @@ def train(args, meta, cfg, steps, lrs, identity, run_id, run_name, out, results)
     """Train the run in the locked folder `out`: skip, reuse, rerun or resume it as its files say."""
     master, rank, world, ckpt_path = RANK == 0, RANK, WORLD, out / "ckpt.pt"
     final = json.loads((out / "final.json").read_text()) if (out / "final.json").exists() else None
-    if results and f'"run_id": "{run_id}"' in results.read_text():  # json.dumps' spelling of our rows
-        print(f"already done: {run_id[:12]} has its row in {results}")
-        return 0
     if final and final.get("run_id") != run_id:
         refuse_other_run(out / "final.json", final, identity)
     donor_path = Path(args.reuse_from) / "final.json" if args.reuse_from else None

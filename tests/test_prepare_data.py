@@ -560,18 +560,24 @@ def test_cli_reports_one_line_and_fails(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def copy_dataset(built, out):
+    """A copy of the built dataset in `out`, and a function telling whether its files are still those bytes."""
+    shutil.copytree(built, out)
+    before = {p.name: sha(p) for p in out.iterdir()}
+    return lambda: {p.name: sha(p) for p in out.iterdir()} == before
+
+
 @needs_sample
 def test_existing_output_with_another_tokenizer_is_refused(built, tmp_path):
     out = tmp_path / "copy"
-    shutil.copytree(built, out)
-    before = {p.name: sha(p) for p in out.iterdir()}
+    untouched = copy_dataset(built, out)
     msg = error_of("--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 600,
                    "--seq-len", 64, "--out", out)
     assert f"{out} holds a dataset built with vocab_size 512, not 600" in msg
     msg = error_of("--source", SAMPLE / "shard_00000.parquet", "--val-fraction", 0.1,
                    "--vocab-size", 512, "--seq-len", 64, "--out", out, "--workers", 1)
     assert "built with sources" in msg and "shard_00000.parquet" in msg
-    assert {p.name: sha(p) for p in out.iterdir()} == before  # the dataset is untouched
+    assert untouched()  # the dataset is untouched
     # A dataset from before meta.json recorded its settings (format v1) is not replaced either.
     meta = json.loads((out / "meta.json").read_text())
     del meta["settings"]
@@ -585,12 +591,11 @@ def test_existing_output_with_another_tokenizer_is_refused(built, tmp_path):
 def test_existing_dataset_is_not_replaced_when_only_seq_len_changes(built, tmp_path):
     # Issue 12: the old code silently replaced the dataset (and the runs that used it lost it).
     out = tmp_path / "copy"
-    shutil.copytree(built, out)
-    before = {p.name: sha(p) for p in out.iterdir()}
+    untouched = copy_dataset(built, out)
     msg = error_of("--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 512,
                    "--seq-len", 32, "--out", out)
     assert msg.endswith(f"built with seq_len 64, not 32; use another --out or delete {out}")
-    assert {p.name: sha(p) for p in out.iterdir()} == before
+    assert untouched()
     # The same settings rebuild in place, to the same bytes.
     meta = build(out, "--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 512,
                  "--seq-len", 64)
