@@ -41,15 +41,18 @@ CASE_STUDY_CELLS=("${PAPER_CELLS[@]:0:4}")   # trunc, hyper, depth18/24: the fou
 TRUNC_EXTRA_CELLS=("1e18:16" "2.15e18:18" "4.64e18:22")
 HYPER_EXTRA_CELLS=("2.15e18:18")
 # CPU scale: vocab 2048, rows of 128 tokens, 2,048-token steps, head dim 8 so d = 8..64 works
-# (s = 0.125 is d = 8). Every r's best width has a narrower and a wider one beside it at every
-# budget (d = 16, 16, 24; a test checks the committed results); at 1e12 the looped models were best
-# at d = 8, the narrowest possible, so the lowest budget is 1.5e12. About 75 min on 2 cores with
-# CPU_JOBS=2 (tiny models are dispatch-bound, ~0.15 s a step). cpu-micro-trunc and cpu-micro-hyper
-# run the case studies on these same cells and reuse cpu-micro's r = 1 runs.
+# (s = 0.125 is d = 8). Four budgets over 10x (the diagnostics' design, dev/README.md): three widths
+# per budget around the optimum the earlier CPU grid measured (d = 16 up to ~2e12, d = 24 at 5e12),
+# so every minimum has a narrower and a wider width beside it. Small models are dispatch-bound
+# (~0.13-0.25 s a step), so a run's time follows its step count: ~70 min on 2 cores with CPU_JOBS=2.
+# cpu-micro-trunc / -hyper run the case studies on these cells and reuse cpu-micro's r = 1 runs;
+# cpu-micro-layout is the layout-matched anchor: r = 1 in the looped layout (prelude 2 + a 16-layer
+# block run once with linear injection + coda 2), with cpu-micro's looped runs reused.
 CPU_MICRO_CELLS=(
-  "1.5e12:0.125 0.25 0.375 0.5"
-  "2e12:0.125 0.25 0.375 0.5"
-  "5e12:0.25 0.375 0.5 0.75"
+  "5e11:0.125 0.25 0.375"
+  "1.1e12:0.125 0.25 0.375"
+  "2.4e12:0.125 0.25 0.375"
+  "5e12:0.25 0.375 0.5"
 )
 SMOKE_CELLS=("3e9:0.25 0.5" "1e10:0.25 0.5")
 PAPER_R="1 2 4 8"
@@ -60,7 +63,7 @@ PAPER_R="1 2 4 8"
 # MuonH base LR 0.056 from dev/calibrate_micro_lr.sh (best for r = 1, 2nd-best of six for r = 4, see
 # dev/results/lr_calibration.txt); the exponents and AdamW bases stay the paper's.
 GPU_FLAGS="--eval-rows 34560"
-CPU_MICRO_FLAGS="--head-dim 8 --batch-tokens 2048 --ref-width 32 --ref-batch 2048 --ref-tokens 5e5 --lr-matrix 0.056 --eval-rows 1024 --log-every 50"
+CPU_MICRO_FLAGS="--head-dim 8 --batch-tokens 2048 --ref-width 32 --ref-batch 2048 --ref-tokens 5e5 --lr-matrix 0.056 --lr-norm 0.15 --eval-rows 1024 --log-every 50"
 SMOKE_FLAGS="--head-dim 8 --depth 6 --prelude 1 --coda 1 --batch-tokens 512 --ref-width 32 --ref-batch 512 --ref-tokens 2e4 --eval-rows 64 --log-every 10"
 
 # ---------------------------------------------------------------------------------------------
@@ -93,10 +96,10 @@ plan_lines() {
     hyper)     cells=("${CASE_STUDY_CELLS[@]}"); extra=("${HYPER_EXTRA_CELLS[@]}"); variant=hyper ;;
     depth18)   cells=("${CASE_STUDY_CELLS[@]}"); flags="--depth 18 --prelude 1 --coda 1 $GPU_FLAGS"; tag=_L18 ;;
     depth24)   cells=("${CASE_STUDY_CELLS[@]}"); flags="--depth 24 --prelude 4 --coda 4 $GPU_FLAGS"; tag=_L24 ;;
-    cpu-micro|cpu-micro-trunc|cpu-micro-hyper)
+    cpu-micro|cpu-micro-trunc|cpu-micro-hyper|cpu-micro-layout)
                cells=("${CPU_MICRO_CELLS[@]}"); flags="$CPU_MICRO_FLAGS"; tag=_micro; variant="${GRID#cpu-micro}"; variant="${variant#-}" ;;
     smoke)     cells=("${SMOKE_CELLS[@]}"); flags="$SMOKE_FLAGS"; rs="1 2 4"; tag=_smoke ;;
-    *) echo "sweep.sh: unknown grid '$GRID' (paper|trunc|hyper|depth18|depth24|cpu-micro|cpu-micro-trunc|cpu-micro-hyper|smoke)" >&2; return 2 ;;
+    *) echo "sweep.sh: unknown grid '$GRID' (paper|trunc|hyper|depth18|depth24|cpu-micro|cpu-micro-trunc|cpu-micro-hyper|cpu-micro-layout|smoke)" >&2; return 2 ;;
   esac
   local cell budget s r e more arch name
   for cell in "${cells[@]}"; do
@@ -113,6 +116,8 @@ plan_lines() {
           arch="--r $r --r-bwd $(( (r + 1) / 2 ))"; name="${name}_rb$(( (r + 1) / 2 ))"
         elif [ "$r" -gt 1 ] && [ "$variant" = hyper ]; then
           arch="--r $r --injection hyper --hc-lanes 2"; name="${name}_hyper"
+        elif [ "$r" -eq 1 ] && [ "$variant" = layout ]; then
+          arch="--r 1 --recur 16 --injection linear"; name="${name}_layout"
         fi
         echo "$name$tag|$arch --scale $s --flops $budget $flags"
       done

@@ -2,7 +2,7 @@
 # Diagnose the CPU-scale looping penalty (issue: r = 2, 4, 8 all trail r = 1 by ~0.1 nats).
 # Every run is at the lowest cpu-micro budget (1.5e12 FLOPs) and its best width (d = 16, s = 0.25)
 # unless its line says otherwise, with the cpu-micro flags of sweep.sh, so each number compares
-# directly with the grid's seed-0 rows in dev/results/cpu_micro_results.jsonl:
+# directly with the grid's seed-0 rows in dev/results/cpu-micro-v2-flat/results.jsonl (the earlier grid):
 #   layout   r = 1 with the looped layout (prelude 2 + a 16-layer block run once + coda 2), with
 #            linear injection and with passthrough (whose only difference from the plain 20-layer
 #            stack is where the recurrent norm sits), the latter also at d = 24

@@ -1,8 +1,8 @@
 """
-Tables of the CPU-scale diagnostics (dev/diagnose_micro.sh): where the flat looping penalty of the cpu-micro
-grid comes from. Every run is at C = 1.5e12 FLOPs and d = 16 (the grid's best width there) unless named
+Tables of the CPU-scale diagnostics (dev/diagnose_micro.sh): where the flat looping penalty of the earlier
+cpu-micro grid (dev/results/cpu-micro-v2-flat) comes from. Every run is at C = 1.5e12 FLOPs and d = 16 (the grid's best width there) unless named
 otherwise. Most runs use the paper's MuonH base LR 0.014 (train.py's default); the "_lr0.056" runs use the
-grid's 0.056, and compare with the grid's own seed-0 rows (dev/results/cpu_micro_results.jsonl).
+grid's 0.056, and compare with that grid's own seed-0 rows.
 
     python dev/diagnose_report.py            # prints the tables that dev/README.md quotes
 """
@@ -19,7 +19,8 @@ def load(path):
     return [json.loads(line) for line in open(path) if line.strip()]
 
 
-def main(diag_path=RESULTS / "diagnostics" / "results.jsonl", grid_path=RESULTS / "cpu_micro_results.jsonl"):
+def main(diag_path=RESULTS / "diagnostics" / "results.jsonl",
+         grid_path=RESULTS / "cpu-micro-v2-flat" / "results.jsonl"):
     loss = {Path(row["out"]).name: row["val_loss"] for row in load(diag_path)}
     for row in load(grid_path):  # the grid's seed-0 runs at d = 16, C = 1.5e12 (MuonH base LR 0.056)
         if row["flops_budget"] == 1.5e12 and row["scale"] == 0.25:

@@ -28,7 +28,7 @@ import truncate_law as tlaw  # noqa: E402
 
 EPOCH_CSV = epoch_chinchilla.EPOCH_CSV
 TRUTH = ss.TRUTH
-CPU_MICRO = ROOT / "dev" / "results" / "cpu_micro_results.jsonl"
+CPU_MICRO = ROOT / "dev" / "results" / "cpu-micro-v2-flat" / "results.jsonl"  # the earlier 48-run CPU grid
 
 
 @pytest.fixture(scope="module")
@@ -483,10 +483,29 @@ def test_phi_on_the_box_edge_is_reported_as_unidentified():
 
 
 def test_bracketed_cpu_sweep_identifies_phi_and_the_committed_fit_reproduces():
-    """The bracketed CPU-scale sweep (dev/results/cpu_micro_results.jsonl) puts phi inside its box,
-    and refitting those rows gives the phi of the committed fit (cpu_micro_fit.json)."""
-    committed = json.loads((ROOT / "dev" / "results" / "cpu_micro_fit.json").read_text())["joint"]["phi"]
+    """The earlier bracketed CPU-scale sweep (dev/results/cpu-micro-v2-flat) puts phi inside its box,
+    and refitting those rows gives the phi of its committed fit."""
+    committed = json.loads((CPU_MICRO.parent / "fit.json").read_text())["joint"]["phi"]
     report = quick_fit_report(CPU_MICRO).stdout
     phi = float(re.search(r"phi   = (-?[\d.]+)", report).group(1))
     assert "do not identify phi" not in report and -3 < phi < 3
+    assert phi == pytest.approx(committed, abs=0.01)
+
+
+STUDY = ROOT / "dev" / "results"
+STUDY_FITS = sorted(STUDY.glob("cpu-micro*/fit/fit.json"))
+
+
+def test_the_cpu_study_base_grid_has_a_committed_fit():
+    assert STUDY / "cpu-micro" / "fit" / "fit.json" in STUDY_FITS
+
+
+@pytest.mark.parametrize("fit_json", STUDY_FITS, ids=[p.parent.parent.name for p in STUDY_FITS])
+def test_each_committed_cpu_study_fit_refits_to_its_phi(fit_json):
+    """Every committed CPU study grid (base, layout-matched anchor, trunc, hyper) refits from its own rows
+    to the phi its committed fit.json reports, and that phi is inside the box (identified)."""
+    committed = json.loads(fit_json.read_text())["joint"]["phi"]
+    report = quick_fit_report(fit_json.parent.parent / "results.jsonl").stdout
+    phi = float(re.search(r"phi   = (-?[\d.]+)", report).group(1))
+    assert "do not identify phi" not in report
     assert phi == pytest.approx(committed, abs=0.01)

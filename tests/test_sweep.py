@@ -107,22 +107,53 @@ def test_print_gives_one_torchrun_command_per_run():
     assert all(line.endswith("--eval-rows 34560") for line in out)
 
 
-def test_committed_cpu_micro_results_are_this_grid_and_bracket_every_minimum():
-    """dev/results holds the cpu-micro sweep as sweep.sh defines it (one row per planned run, same
-    flags), and at every budget each r's best width has a narrower and a wider one beside it: the
-    issue's condition for fitting phi at all (fix the grid, not the numbers)."""
-    printed = sweep("--grid", "cpu-micro", "--print").stdout.splitlines()
-    planned = {re.search(r"--out \S+/runs/(\S+)", line).group(1) for line in printed}
-    rows = [json.loads(line) for line in open(REPO / "dev" / "results" / "cpu_micro_results.jsonl")]
-    assert sorted(Path(row["out"]).name for row in rows) == sorted(planned)
-    budgets = {row["flops_budget"] for row in rows}
-    assert len(budgets) >= 3 and {row["r"] for row in rows} == {1, 2, 4, 8}
-    for budget in budgets:
-        for r in (1, 2, 4, 8):
+def best_width_is_inside(rows, n_widths):
+    """At every budget each r's best width has a narrower and a wider one beside it (the issue's
+    condition for fitting phi at all: fix the grid, not the numbers)."""
+    for budget in {row["flops_budget"] for row in rows}:
+        for r in sorted({row["r"] for row in rows}):
             cell = sorted((row["d_model"], row["val_loss"]) for row in rows
                           if row["flops_budget"] == budget and row["r"] == r)
             best = min(range(len(cell)), key=lambda i: cell[i][1])
-            assert len(cell) >= 4 and 0 < best < len(cell) - 1, (budget, r, cell)
+            assert len(cell) >= n_widths and 0 < best < len(cell) - 1, (budget, r, cell)
+
+
+def test_committed_cpu_micro_results_are_this_grid_and_bracket_every_minimum():
+    """dev/results/cpu-micro holds the CPU grid as sweep.sh defines it: one row per planned run, at the
+    planned LRs (MuonH 0.056, norm scales 0.15: the diagnostics' calibration), over four budgets
+    spanning 10x, every minimum bracketed."""
+    printed = sweep("--grid", "cpu-micro", "--print").stdout.splitlines()
+    planned = {re.search(r"--out \S+/runs/(\S+)", line).group(1) for line in printed}
+    rows = [json.loads(line) for line in open(REPO / "dev" / "results" / "cpu-micro" / "results.jsonl")]
+    assert sorted(Path(row["out"]).name for row in rows) == sorted(planned)
+    assert all(row["base_lrs"]["matrix"] == 0.056 and row["base_lrs"]["norm"] == 0.15 for row in rows)
+    budgets = sorted({row["flops_budget"] for row in rows})
+    assert len(budgets) >= 4 and budgets[-1] >= 10 * budgets[0] and {row["r"] for row in rows} == {1, 2, 4, 8}
+    best_width_is_inside(rows, 3)
+
+
+def test_the_earlier_cpu_grid_also_bracketed_every_minimum():
+    """The earlier 48-run grid (dev/results/cpu-micro-v2-flat, 3.3x budget span, paper norm LR) whose
+    flat looping penalty the diagnostics explain."""
+    rows = [json.loads(line) for line in open(REPO / "dev" / "results" / "cpu-micro-v2-flat" / "results.jsonl")]
+    assert len(rows) == 48
+    best_width_is_inside(rows, 4)
+
+
+def test_cpu_micro_layout_is_cpu_micro_with_a_layout_matched_r1():
+    """cpu-micro-layout's r = 1 runs are the looped layout run once (prelude 2 + a 16-layer block with
+    linear injection + coda 2); its looped runs are cpu-micro's, by name, so they are reused."""
+    def by_name(grid):
+        return {re.search(r"--out \S+/runs/(\S+)", line).group(1): line.split("--resume ")[1]
+                for line in sweep("--grid", grid, "--print").stdout.splitlines()}
+    base, layout = by_name("cpu-micro"), by_name("cpu-micro-layout")
+    looped = {name: flags for name, flags in layout.items() if not name.startswith("r1_")}
+    assert looped == {name: flags for name, flags in base.items() if not name.startswith("r1_")}
+    anchors = {name: flags for name, flags in layout.items() if name.startswith("r1_")}
+    assert len(anchors) == sum(name.startswith("r1_") for name in base) > 0
+    for name, flags in anchors.items():
+        plain = base[name.replace("_layout", "")]
+        assert flags == plain.replace("--r 1 ", "--r 1 --recur 16 --injection linear ")
 
 
 @pytest.mark.parametrize("args, reason", [(["--grid", "nope", "--plan"], "unknown grid 'nope'"),
