@@ -43,8 +43,9 @@ HYPER_EXTRA_CELLS=("2.15e18:18")
 # CPU scale: vocab 2048, rows of 128 tokens, 2,048-token steps, head dim 8 so d = 8..64 works
 # (s = 0.125 is d = 8). Four budgets over 10x (the diagnostics' design, dev/README.md): three widths
 # per budget around the optimum the earlier CPU grid measured (d = 16 up to ~2e12, d = 24 at 5e12),
-# so every minimum has a narrower and a wider width beside it. Small models are dispatch-bound
-# (~0.13-0.25 s a step), so a run's time follows its step count: ~70 min on 2 cores with CPU_JOBS=2.
+# so every minimum has a narrower and a wider width beside it, except at 5e11, where every r is best
+# at d = 8, the one-head model (kept for the 10x span). Small models are dispatch-bound (~0.13-0.25 s
+# a step), so a run's time follows its step count: ~70 min on 2 cores with CPU_JOBS=2.
 # cpu-micro-trunc / -hyper run the case studies on these cells and reuse cpu-micro's r = 1 runs;
 # cpu-micro-layout is the layout-matched anchor: r = 1 in the looped layout (prelude 2 + a 16-layer
 # block run once with linear injection + coda 2), with cpu-micro's looped runs reused.
