@@ -41,8 +41,8 @@ CASE_STUDY_CELLS=("${PAPER_CELLS[@]:0:4}")   # trunc, hyper, depth18/24: the fou
 TRUNC_EXTRA_CELLS=("1e18:16" "2.15e18:18" "4.64e18:22")
 HYPER_EXTRA_CELLS=("2.15e18:18")
 # CPU scale: vocab 2048, rows of 128 tokens, 2,048-token steps, head dim 8 so d = 8..64 works
-# (s = 0.125 is d = 8). Four budgets over 10x (the diagnostics' design, dev/README.md): three widths
-# per budget around the optimum the earlier CPU grid measured (d = 16 up to ~2e12, d = 24 at 5e12),
+# (s = 0.125 is d = 8). Four budgets over 10x (the diagnostics' design, dev/README.md): widths around
+# the optimum, widened where the first pass found it at the widest (d = 24 at 2.4e12, d = 32 at 5e12),
 # so every minimum has a narrower and a wider width beside it, except at 5e11, where every r is best
 # at d = 8, the one-head model (kept for the 10x span). Small models are dispatch-bound (~0.13-0.25 s
 # a step), so a run's time follows its step count: ~70 min on 2 cores with CPU_JOBS=2.
@@ -52,8 +52,8 @@ HYPER_EXTRA_CELLS=("2.15e18:18")
 CPU_MICRO_CELLS=(
   "5e11:0.125 0.25 0.375"
   "1.1e12:0.125 0.25 0.375"
-  "2.4e12:0.125 0.25 0.375"
-  "5e12:0.25 0.375 0.5"
+  "2.4e12:0.125 0.25 0.375 0.5"
+  "5e12:0.25 0.375 0.5 0.75"
 )
 SMOKE_CELLS=("3e9:0.25 0.5" "1e10:0.25 0.5")
 PAPER_R="1 2 4 8"

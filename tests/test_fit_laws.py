@@ -503,7 +503,7 @@ def test_the_cpu_study_base_grid_has_a_committed_fit():
 @pytest.mark.parametrize("fit_json", STUDY_FITS, ids=[p.parent.parent.name for p in STUDY_FITS])
 def test_each_committed_cpu_study_fit_refits_to_its_phi(fit_json):
     """Every committed CPU study grid (base, layout-matched anchor, trunc, hyper) refits from its own rows
-    to the phi its committed fit.json reports, and that phi is inside the box (identified)."""
+    to the phi its committed fit.json reports, and that phi is inside its box (not on an edge)."""
     committed = json.loads(fit_json.read_text())["joint"]["phi"]
     report = quick_fit_report(fit_json.parent.parent / "results.jsonl").stdout
     phi = float(re.search(r"phi   = (-?[\d.]+)", report).group(1))
