@@ -250,9 +250,9 @@ def test_case_study_sweep_offers_the_sibling_r1_runs_to_train_py_for_reuse(fake_
         (tmp_path / "runs" / "cpu-micro" / "runs" / name / "final.json").write_text("{}")
     env.update(OUT=str(tmp_path / "runs" / "cpu-micro-trunc"))
     proc = sweep("--grid", "cpu-micro-trunc", "--no-fit", env=env)
-    assert "48 configurations: 36 trained now, 0 already done, 12 reused, 0 busy, 0 failed" in proc.stdout
+    assert "56 configurations: 42 trained now, 0 already done, 14 reused, 0 busy, 0 failed" in proc.stdout
     by_name = calls_by_name(calls)
-    assert len(by_name) == 48
+    assert len(by_name) == 56
     for name, argv in by_name.items():
         reuse = argv[argv.index("--reuse-from") + 1] if "--reuse-from" in argv else None
         assert reuse == (str(tmp_path / "runs" / "cpu-micro" / "runs" / name) if name in base else None)
