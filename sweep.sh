@@ -4,12 +4,12 @@
 #   ./sweep.sh --grid paper --plan                     # every run, its FLOPs, tokens, the total, the data check
 #   ./sweep.sh --grid paper                            # run it on this node's GPUs, then fit
 #   ./sweep.sh --grid paper --print > jobs.txt         # one command per line, for a scheduler
-#   ./sweep.sh --grid cpu-micro                        # the CPU-scale reproduction (~1 h, 2 cores)
+#   ./sweep.sh --grid cpu-micro                        # the CPU-scale study (~1.6 h, 2 cores)
 #   ./sweep.sh --grid smoke -- --eval-rows 32          # anything after -- goes to every train.py
 #
 # Grids: paper (Table 7, 116 runs), trunc and hyper (the case studies, r_bwd = ceil(r/2) and K = 2
 # hyperconnections at the four lowest budgets, reusing paper's r = 1 runs), depth18, depth24 (App. G.4),
-# cpu-micro with cpu-micro-trunc and cpu-micro-hyper (the same case studies at CPU scale), smoke.
+# cpu-micro with cpu-micro-trunc, -hyper (the case studies) and -layout (layout-matched r = 1), smoke.
 #
 # train.py is called for every planned run and decides from the results file whether the run is
 # already done (same run identity), reuses a finished identical run of another grid beside OUT
