@@ -44,8 +44,8 @@ HYPER_EXTRA_CELLS=("2.15e18:18")
 # (s = 0.125 is d = 8). Four budgets over 10x (the diagnostics' design, dev/README.md): widths around
 # the optimum, widened where the first pass found it at the widest (d = 24 at 2.4e12, d = 32 at 5e12),
 # so every minimum has a narrower and a wider width beside it, except at 5e11, where every r is best
-# at d = 8, the one-head model (kept for the 10x span). Small models are dispatch-bound (~0.13-0.25 s
-# a step), so a run's time follows its step count: ~70 min on 2 cores with CPU_JOBS=2.
+# at d = 8, the one-head model (kept for the 10x span). Small models are dispatch-bound (~0.13-0.37 s
+# a step), so a run's time follows its step count: 194 run-minutes, ~97 min on 2 cores (CPU_JOBS=2).
 # cpu-micro-trunc / -hyper run the case studies on these cells and reuse cpu-micro's r = 1 runs;
 # cpu-micro-layout is the layout-matched anchor: r = 1 in the looped layout (prelude 2 + a 16-layer
 # block run once with linear injection + coda 2), with cpu-micro's looped runs reused.

@@ -11,6 +11,8 @@ delta-phi is `fit_laws.py cpu-micro/results.jsonl --compare <grid>/results.jsonl
 import json
 from pathlib import Path
 
+from diagnose_report import load  # dev/'s one JSONL reader
+
 RESULTS = Path(__file__).resolve().parent / "results"
 # grid folder, label, the paper's phi for it (iso-depth §4.2 and §5)
 GRIDS = [("cpu-micro", "base (linear injection)", "0.46 [0.41, 0.53]"),
@@ -21,7 +23,7 @@ GRIDS = [("cpu-micro", "base (linear injection)", "0.46 [0.41, 0.53]"),
 
 def load_rows(grid):
     path = RESULTS / grid / "results.jsonl"
-    return [json.loads(line) for line in open(path)] if path.exists() else []
+    return load(path) if path.exists() else []
 
 
 def column(row):

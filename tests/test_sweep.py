@@ -107,6 +107,12 @@ def test_print_gives_one_torchrun_command_per_run():
     assert all(line.endswith("--eval-rows 34560") for line in out)
 
 
+def printed_runs(grid):
+    """sweep.sh --print as {run name: train.py flags after --resume}."""
+    return {re.search(r"--out \S+/runs/(\S+)", line).group(1): line.split("--resume ")[1]
+            for line in sweep("--grid", grid, "--print").stdout.splitlines()}
+
+
 def best_width_is_inside(rows, n_widths, narrowest=0):
     """At every budget each r's best width has a narrower and a wider one beside it (the issue's
     condition for fitting phi at all: fix the grid, not the numbers), or is `narrowest`, the
@@ -124,8 +130,7 @@ def test_committed_cpu_micro_results_are_this_grid_and_bracket_every_minimum():
     """dev/results/cpu-micro holds the CPU grid as sweep.sh defines it: one row per planned run, at the
     planned LRs (MuonH 0.056, norm scales 0.15: the diagnostics' calibration), over four budgets
     spanning 10x, every minimum bracketed except where it is the one-head d = 8 (the lowest budget)."""
-    printed = sweep("--grid", "cpu-micro", "--print").stdout.splitlines()
-    planned = {re.search(r"--out \S+/runs/(\S+)", line).group(1) for line in printed}
+    planned = set(printed_runs("cpu-micro"))
     rows = [json.loads(line) for line in open(REPO / "dev" / "results" / "cpu-micro" / "results.jsonl")]
     assert sorted(Path(row["out"]).name for row in rows) == sorted(planned)
     assert all(row["base_lrs"]["matrix"] == 0.056 and row["base_lrs"]["norm"] == 0.15 for row in rows)
@@ -146,10 +151,7 @@ def test_the_earlier_cpu_grid_also_bracketed_every_minimum():
 def test_cpu_micro_layout_is_cpu_micro_with_a_layout_matched_r1():
     """cpu-micro-layout's r = 1 runs are the looped layout run once (prelude 2 + a 16-layer block with
     linear injection + coda 2); its looped runs are cpu-micro's, by name, so they are reused."""
-    def by_name(grid):
-        return {re.search(r"--out \S+/runs/(\S+)", line).group(1): line.split("--resume ")[1]
-                for line in sweep("--grid", grid, "--print").stdout.splitlines()}
-    base, layout = by_name("cpu-micro"), by_name("cpu-micro-layout")
+    base, layout = printed_runs("cpu-micro"), printed_runs("cpu-micro-layout")
     looped = {name: flags for name, flags in layout.items() if not name.startswith("r1_")}
     assert looped == {name: flags for name, flags in base.items() if not name.startswith("r1_")}
     anchors = {name: flags for name, flags in layout.items() if name.startswith("r1_")}
