@@ -388,7 +388,8 @@ def train(args, meta, cfg, steps, lrs, identity, run_id, run_name, out, results)
                 samples = model.generate(torch.tensor([prompt] * args.sample, device=device), 48, 0.8, top_k=50)
             print("\n".join(f"--- {tokenizer.decode(ids[1:].tolist())!r}" for ids in samples))
         log_file.close()
-    if world > 1:
+    if world > 1:  # leave together: a rank that exits while a peer is still writing can abort in gloo's teardown
+        dist.barrier()
         dist.destroy_process_group()
     return 0
 
