@@ -55,6 +55,10 @@ CPU_MICRO_CELLS=(
   "2.4e12:0.125 0.25 0.375 0.5"
   "5e12:0.25 0.375 0.5 0.75"
 )
+# Truncated BPTT trains on more tokens per FLOP; two of its optima fell on the widest width (r = 2 at
+# 1.1e12, r = 8 at 2.4e12), so the trunc grid adds a wider one there for its looped runs (d = 32 and
+# d = 40, as TRUNC_EXTRA_CELLS does on GPU).
+CPU_TRUNC_EXTRA_CELLS=("1.1e12:0.5" "2.4e12:0.625")
 SMOKE_CELLS=("3e9:0.25 0.5" "1e10:0.25 0.5")
 PAPER_R="1 2 4 8"
 
@@ -98,7 +102,8 @@ plan_lines() {
     depth18)   cells=("${CASE_STUDY_CELLS[@]}"); flags="--depth 18 --prelude 1 --coda 1 $GPU_FLAGS"; tag=_L18 ;;
     depth24)   cells=("${CASE_STUDY_CELLS[@]}"); flags="--depth 24 --prelude 4 --coda 4 $GPU_FLAGS"; tag=_L24 ;;
     cpu-micro|cpu-micro-trunc|cpu-micro-hyper|cpu-micro-layout)
-               cells=("${CPU_MICRO_CELLS[@]}"); flags="$CPU_MICRO_FLAGS"; tag=_micro; variant="${GRID#cpu-micro}"; variant="${variant#-}" ;;
+               cells=("${CPU_MICRO_CELLS[@]}"); flags="$CPU_MICRO_FLAGS"; tag=_micro; variant="${GRID#cpu-micro}"; variant="${variant#-}"
+               if [ "$variant" = trunc ]; then extra=("${CPU_TRUNC_EXTRA_CELLS[@]}"); fi ;;
     smoke)     cells=("${SMOKE_CELLS[@]}"); flags="$SMOKE_FLAGS"; rs="1 2 4"; tag=_smoke ;;
     *) echo "sweep.sh: unknown grid '$GRID' (paper|trunc|hyper|depth18|depth24|cpu-micro|cpu-micro-trunc|cpu-micro-hyper|cpu-micro-layout|smoke)" >&2; return 2 ;;
   esac

@@ -4,10 +4,16 @@ dev/results/cpu-micro{,-layout,-trunc,-hyper}: nothing here is typed in by hand,
 the README's phi table is this script's.
 
     python dev/study_tables.py            # phi table, best width per (budget, r), the full loss grid
+    python dev/study_tables.py --layout-anchored cpu-micro-trunc   # that grid's looped rows + the layout r = 1
 
 Each grid's fit is `fit_laws.py <grid>/results.jsonl --json <grid>/fit/fit.json` (what sweep.sh runs);
 delta-phi is `fit_laws.py cpu-micro/results.jsonl --compare <grid>/results.jsonl --json <grid>/fit/compare.json`.
+The plain r = 1 does not identify phi here (dev/README.md, "The CPU study"), so each case study is also
+fitted against the layout-matched r = 1: its rows with cpu-micro-layout's r = 1 runs in place of the
+plain ones (<grid>/fit/layout_anchored.jsonl, written by --layout-anchored), and
+`fit_laws.py cpu-micro-layout/results.jsonl --compare <grid>/fit/layout_anchored.jsonl --json <grid>/fit/compare_layout.json`.
 """
+import argparse
 import json
 from pathlib import Path
 
@@ -19,6 +25,7 @@ GRIDS = [("cpu-micro", "base (linear injection)", "0.46 [0.41, 0.53]"),
          ("cpu-micro-layout", "base, r = 1 in the looped layout", "-"),
          ("cpu-micro-trunc", "truncated BPTT, r_bwd = ceil(r/2)", "0.38"),
          ("cpu-micro-hyper", "hyperconnections, K = 2", "0.65")]
+CASE_STUDIES = ["cpu-micro-trunc", "cpu-micro-hyper"]
 
 
 def load_rows(grid):
@@ -36,21 +43,36 @@ def column(row):
     return f"r={row['r']}{tag}"
 
 
+def layout_anchored_rows(grid):
+    """A case study's looped rows with the layout-matched r = 1 runs as the anchor (the plain r = 1 is dropped)."""
+    return ([row for row in load_rows("cpu-micro-layout") if row["r"] == 1] +
+            [row for row in load_rows(grid) if row["r"] > 1])
+
+
+def phi_row(label, paper, fit, delta_of=None, runs_so_far=0):
+    """One line of the phi table: the joint fit's phi with its CI, and delta-phi if a comparison exists."""
+    if fit is None:
+        return f"| {label} | {runs_so_far} so far | not fitted yet | {paper} | - |"
+    lo, hi = fit["joint"]["phi_ci"] or (float("nan"), float("nan"))
+    delta = "-"
+    if delta_of is not None:
+        ci = delta_of.get("delta_phi_ci") or (float("nan"), float("nan"))
+        delta = f"{delta_of['delta_phi']:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}]"
+    return f"| {label} | {fit['n_runs']} | {fit['joint']['phi']:.2f} [{lo:.2f}, {hi:.2f}] | {paper} | {delta} |"
+
+
+def read_json(path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def phi_table():
-    lines = ["| grid | runs | φ (95% CI) | paper | Δφ vs base (95% CI) |", "|---|---|---|---|---|"]
+    lines = ["| grid | runs | φ (95% CI) | paper | Δφ vs its base (95% CI) |", "|---|---|---|---|---|"]
     for grid, label, paper in GRIDS:
-        fit_path = RESULTS / grid / "fit" / "fit.json"
-        if not fit_path.exists():
-            lines.append(f"| {label} | {len(load_rows(grid))} so far | not fitted yet | {paper} | - |")
-            continue
-        fit = json.loads(fit_path.read_text())
-        lo, hi = fit["joint"]["phi_ci"] or (float("nan"), float("nan"))
-        delta = "-"
-        if (cmp_path := RESULTS / grid / "fit" / "compare.json").exists():
-            d = json.loads(cmp_path.read_text())["delta_phi"]
-            ci = d.get("delta_phi_ci") or (float("nan"), float("nan"))
-            delta = f"{d['delta_phi']:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}]"
-        lines.append(f"| {label} | {fit['n_runs']} | {fit['joint']['phi']:.2f} [{lo:.2f}, {hi:.2f}] | {paper} | {delta} |")
+        fit, cmp = read_json(RESULTS / grid / "fit" / "fit.json"), read_json(RESULTS / grid / "fit" / "compare.json")
+        lines.append(phi_row(label, paper, fit, cmp and cmp["delta_phi"], len(load_rows(grid))))
+    for grid, label, paper in GRIDS:  # the case studies against the layout-matched anchor
+        if grid in CASE_STUDIES and (cmp := read_json(RESULTS / grid / "fit" / "compare_layout.json")):
+            lines.append(phi_row(f"{label}, layout-matched r = 1", paper, cmp["compare"], cmp["delta_phi"]))
     return lines
 
 
@@ -80,6 +102,13 @@ def loss_tables():
 
 
 def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layout-anchored", metavar="GRID", choices=CASE_STUDIES,
+                   help="print GRID's looped rows with cpu-micro-layout's r = 1 rows, as JSONL, and stop")
+    args = p.parse_args()
+    if args.layout_anchored:
+        print("".join(json.dumps(row) + "\n" for row in layout_anchored_rows(args.layout_anchored)), end="")
+        return
     best, full = loss_tables()
     print("phi per grid\n" + "\n".join(phi_table()))
     print("\nbest width per (budget, column): val loss (nats/token) and d\n" + "\n".join(best))

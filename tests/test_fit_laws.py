@@ -494,18 +494,24 @@ def test_bracketed_cpu_sweep_identifies_phi_and_the_committed_fit_reproduces():
 
 STUDY = ROOT / "dev" / "results"
 STUDY_FITS = sorted(STUDY.glob("cpu-micro*/fit/fit.json"))
+# (fit file, the rows it was fitted from): each grid's own fit, and each case study against the
+# layout-matched r = 1 (the "compare" half of compare_layout.json, fitted from layout_anchored.jsonl)
+STUDY_FIT_ROWS = ([(p, p.parent.parent / "results.jsonl") for p in STUDY_FITS] +
+                  [(p, p.parent / "layout_anchored.jsonl") for p in sorted(STUDY.glob("cpu-micro*/fit/compare_layout.json"))])
 
 
 def test_the_cpu_study_base_grid_has_a_committed_fit():
     assert STUDY / "cpu-micro" / "fit" / "fit.json" in STUDY_FITS
 
 
-@pytest.mark.parametrize("fit_json", STUDY_FITS, ids=[p.parent.parent.name for p in STUDY_FITS])
-def test_each_committed_cpu_study_fit_refits_to_its_phi(fit_json):
-    """Every committed CPU study grid (base, layout-matched anchor, trunc, hyper) refits from its own rows
-    to the phi its committed fit.json reports, and that phi is inside its box (not on an edge)."""
-    committed = json.loads(fit_json.read_text())["joint"]["phi"]
-    report = quick_fit_report(fit_json.parent.parent / "results.jsonl").stdout
+@pytest.mark.parametrize("fit_json, rows", STUDY_FIT_ROWS,
+                         ids=[f"{p.parent.parent.name}-{p.stem}" for p, _ in STUDY_FIT_ROWS])
+def test_each_committed_cpu_study_fit_refits_to_its_phi(fit_json, rows):
+    """Every committed CPU study fit (base, layout-matched anchor, trunc, hyper, and the case studies
+    against the layout-matched anchor) refits from its own rows to the phi it reports."""
+    fit = json.loads(fit_json.read_text())
+    committed = fit.get("compare", fit)["joint"]["phi"]
+    report = quick_fit_report(rows).stdout
     phi = float(re.search(r"phi   = (-?[\d.]+)", report).group(1))
     assert "do not identify phi" not in report
     assert phi == pytest.approx(committed, abs=0.01)
