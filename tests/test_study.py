@@ -27,6 +27,7 @@ def test_layout_anchored_fits_read_the_committed_rows():
     file is the grid's own looped rows plus cpu-micro-layout's r = 1 rows (what study_tables.py builds),
     so no row in it is typed in or stale."""
     compares = sorted((ROOT / "dev" / "results").glob("cpu-micro-*/fit/compare_layout.json"))
+    assert [p.parent.parent.name for p in compares] == ["cpu-micro-hyper", "cpu-micro-trunc"]
     for path in compares:
         grid = path.parent.parent.name
         rows = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py"), "--layout-anchored", grid],
