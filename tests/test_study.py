@@ -10,14 +10,15 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# the case studies fitted against the layout-matched r = 1 (dev/study_tables.py --layout-anchored)
+LAYOUT_COMPARES = sorted((ROOT / "dev" / "results").glob("cpu-micro-*/fit/compare_layout.json"))
 
 
 def test_readme_phi_table_is_the_committed_fits():
     out = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py")], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     table = out.split("\n\n")[0].splitlines()[1:]
-    anchored = sorted((ROOT / "dev" / "results").glob("cpu-micro-*/fit/compare_layout.json"))
-    assert len(table) == 6 + len(anchored) and "not fitted yet" not in table[2]  # the base grid is fitted
+    assert len(table) == 6 + len(LAYOUT_COMPARES) and "not fitted yet" not in table[2]  # the base grid is fitted
     readme = (ROOT / "README.md").read_text().splitlines()
     assert all(line in readme for line in table), table
 
@@ -26,9 +27,8 @@ def test_layout_anchored_fits_read_the_committed_rows():
     """A case study against the layout-matched r = 1 is fitted from <grid>/fit/layout_anchored.jsonl: that
     file is the grid's own looped rows plus cpu-micro-layout's r = 1 rows (what study_tables.py builds),
     so no row in it is typed in or stale."""
-    compares = sorted((ROOT / "dev" / "results").glob("cpu-micro-*/fit/compare_layout.json"))
-    assert [p.parent.parent.name for p in compares] == ["cpu-micro-hyper", "cpu-micro-trunc"]
-    for path in compares:
+    assert [p.parent.parent.name for p in LAYOUT_COMPARES] == ["cpu-micro-hyper", "cpu-micro-trunc"]
+    for path in LAYOUT_COMPARES:
         grid = path.parent.parent.name
         rows = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py"), "--layout-anchored", grid],
                               capture_output=True, text=True, check=True, timeout=60).stdout
