@@ -2,7 +2,7 @@
 Train one looped transformer of the iso-depth grid; one invocation = one row of the scaling study.
 
     python train.py --r 4 --scale 2 --data data/micro --flops 1e13 ...      # one process, CPU or GPU
-    torchrun --nproc_per_node=8 train.py --r 4 --scale 10 --flops 1e18     # DDP (NCCL on GPU, gloo on CPU)
+    torchrun --nproc_per_node=8 -- train.py --r 4 --scale 10 --flops 1e18  # DDP; without --, torchrun takes --r
 
 Horizon: --flops C (steps = round(C / (F B)), the sweep's mode), --tokens or --tokens-per-param. Recipe
 (RECIPE §4): MuonH for block matrices, AdamW for the rest, LRs transferred across width, batch and horizon.

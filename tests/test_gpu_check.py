@@ -127,3 +127,26 @@ def test_a_failing_loss_check_keeps_the_speed_numbers():
     result = gpu_check.bf16_vs_fp32(AutocastOnly(), x, x, torch.device("cpu"))
     assert result["loss_bf16_minus_fp32"] is None
     assert result["loss_check_error"] == "RuntimeError: mat1 and mat2 must have the same dtype"
+
+
+def test_the_committed_h200_run_measured_every_configuration(tmp_path):
+    """dev/results/gpu_check is one real H200 run of the plan: every configuration trained, each compiled
+    model is one graph, bf16 moves the loss by rounding only, a loop costs what a unique block costs
+    (iso-depth: r = 4's MFU within 10% of r = 1's), and truncated BPTT's fewer FLOPs per token show up
+    as tokens/s. The committed table is the script's rendering of the committed JSON."""
+    committed = REPO / "dev" / "results" / "gpu_check"
+    report = json.loads((committed / "gpu_check.json").read_text())
+    assert report["environment"]["device"] == "NVIDIA H200" and not report["settings"]["tiny"]
+    rows = {row["name"]: row for row in report["configs"]}
+    assert list(rows) == NAMES and all(row["status"] == "ok" and row["rows"] == 16 for row in rows.values())
+    for name, row in rows.items():
+        assert abs(row["loss_bf16_minus_fp32"]) < 0.005, name
+        if name.endswith("_compiled"):
+            assert row["compiled_graphs"] == 1 and row["graph_breaks"] == 0, name
+    for s in (10, 24):
+        for mode in ("eager", "compiled"):
+            r1, r4, bwd2 = (rows[f"s{s}_{arch}_{mode}"] for arch in ("r1", "r4", "r4_bwd2"))
+            assert r4["at_2p18_mfu"] == pytest.approx(r1["at_2p18_mfu"], rel=0.1)
+            assert bwd2["tokens_per_s"] > 1.15 * r4["tokens_per_s"]  # 0.75x the FLOPs per token
+        assert rows[f"s{s}_r1_compiled"]["tokens_per_s"] > 1.3 * rows[f"s{s}_r1_eager"]["tokens_per_s"]
+    assert gpu_check.write_outputs(tmp_path, "gpu_check", report) + "\n" == (committed / "gpu_check.txt").read_text()
