@@ -9,7 +9,8 @@
 #
 # Grids: paper (Table 7, 116 runs), trunc and hyper (the case studies, r_bwd = ceil(r/2) and K = 2
 # hyperconnections at the four lowest budgets, reusing paper's r = 1 runs), depth18, depth24 (App. G.4),
-# cpu-micro with cpu-micro-trunc, -hyper (the case studies) and -layout (layout-matched r = 1), smoke.
+# cpu-micro with cpu-micro-trunc, -hyper (the case studies), -layout (layout-matched r = 1) and -lr
+# (each r at its own MuonH LR), smoke.
 #
 # train.py is called for every planned run and decides from the results file whether the run is
 # already done (same run identity), reuses a finished identical run of another grid beside OUT
@@ -57,8 +58,12 @@ CPU_MICRO_CELLS=(
 )
 # Truncated BPTT trains on more tokens per FLOP; two of its optima fell on the widest width (r = 2 at
 # 1.1e12, r = 8 at 2.4e12), so the trunc grid adds a wider one there for its looped runs (d = 32 and
-# d = 40, as TRUNC_EXTRA_CELLS does on GPU).
+# d = 40, as TRUNC_EXTRA_CELLS does on GPU). Likewise hyperconnections' r = 4 at 1.1e12 (d = 32).
 CPU_TRUNC_EXTRA_CELLS=("1.1e12:0.5" "2.4e12:0.625")
+CPU_HYPER_EXTRA_CELLS=("1.1e12:0.5")
+# cpu-micro-lr gives each r its own MuonH base LR: the diagnostics' LR check (dev/README.md) found r = 2
+# and r = 4 best at 0.014 where r = 1 and r = 8 are best at the grid's 0.056. r = 1 and r = 8 are reused.
+CPU_MICRO_LR_PER_R=("2:0.014" "4:0.014")
 SMOKE_CELLS=("3e9:0.25 0.5" "1e10:0.25 0.5")
 PAPER_R="1 2 4 8"
 
@@ -101,13 +106,14 @@ plan_lines() {
     hyper)     cells=("${CASE_STUDY_CELLS[@]}"); extra=("${HYPER_EXTRA_CELLS[@]}"); variant=hyper ;;
     depth18)   cells=("${CASE_STUDY_CELLS[@]}"); flags="--depth 18 --prelude 1 --coda 1 $GPU_FLAGS"; tag=_L18 ;;
     depth24)   cells=("${CASE_STUDY_CELLS[@]}"); flags="--depth 24 --prelude 4 --coda 4 $GPU_FLAGS"; tag=_L24 ;;
-    cpu-micro|cpu-micro-trunc|cpu-micro-hyper|cpu-micro-layout)
+    cpu-micro|cpu-micro-trunc|cpu-micro-hyper|cpu-micro-layout|cpu-micro-lr)
                cells=("${CPU_MICRO_CELLS[@]}"); flags="$CPU_MICRO_FLAGS"; tag=_micro; variant="${GRID#cpu-micro}"; variant="${variant#-}"
-               if [ "$variant" = trunc ]; then extra=("${CPU_TRUNC_EXTRA_CELLS[@]}"); fi ;;
+               if [ "$variant" = trunc ]; then extra=("${CPU_TRUNC_EXTRA_CELLS[@]}"); fi
+               if [ "$variant" = hyper ]; then extra=("${CPU_HYPER_EXTRA_CELLS[@]}"); fi ;;
     smoke)     cells=("${SMOKE_CELLS[@]}"); flags="$SMOKE_FLAGS"; rs="1 2 4"; tag=_smoke ;;
-    *) echo "sweep.sh: unknown grid '$GRID' (paper|trunc|hyper|depth18|depth24|cpu-micro|cpu-micro-trunc|cpu-micro-hyper|cpu-micro-layout|smoke)" >&2; return 2 ;;
+    *) echo "sweep.sh: unknown grid '$GRID' (paper|trunc|hyper|depth18|depth24|cpu-micro|cpu-micro-trunc|cpu-micro-hyper|cpu-micro-layout|cpu-micro-lr|smoke)" >&2; return 2 ;;
   esac
-  local cell budget s r e more arch name
+  local cell budget s r e more arch name lr
   for cell in "${cells[@]}"; do
     budget="${cell%%:*}"
     more=""  # the extra (wider) widths at this budget, looped runs only
@@ -117,15 +123,18 @@ plan_lines() {
         if [ "$r" -eq 1 ] && [[ " $more " == *" $s "* ]]; then continue; fi
         # The name holds everything that makes a run distinct, so identical runs (the r = 1
         # baselines of the case studies) share a name across grids and can be reused.
-        arch="--r $r"; name="r${r}_s${s}_C${budget}"
+        arch="--r $r"; name="r${r}_s${s}_C${budget}"; lr=""
         if [ "$r" -gt 1 ] && [ "$variant" = trunc ]; then
           arch="--r $r --r-bwd $(( (r + 1) / 2 ))"; name="${name}_rb$(( (r + 1) / 2 ))"
         elif [ "$r" -gt 1 ] && [ "$variant" = hyper ]; then
           arch="--r $r --injection hyper --hc-lanes 2"; name="${name}_hyper"
         elif [ "$r" -eq 1 ] && [ "$variant" = layout ]; then
           arch="--r 1 --recur 16 --injection linear"; name="${name}_layout"
+        elif [ "$variant" = lr ]; then
+          for e in "${CPU_MICRO_LR_PER_R[@]}"; do [ "${e%%:*}" = "$r" ] && lr=" --lr-matrix ${e#*:}"; done
+          name="${name}${lr:+_lr${lr##* }}"
         fi
-        echo "$name$tag|$arch --scale $s --flops $budget $flags"
+        echo "$name$tag|$arch --scale $s --flops $budget $flags$lr"  # a later flag wins in train.py
       done
     done
   done

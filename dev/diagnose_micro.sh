@@ -10,9 +10,10 @@
 #   seeds    seeds 1 and 2 for every r (run-to-run noise)
 #   lrnorm   the norm scales' AdamW base LR at 0.05, 0.15 and 0.5 (paper: 0.005)
 #   lr       MuonH base LR 0.028 and 0.112 (the grid: 0.056) for r = 1 and 4 at norm LR 0.05, and
-#            0.014-0.112 for r = 1, 4, 8 at norm LR 0.15
+#            0.014-0.112 for r = 1, 2, 4, 8 at norm LR 0.15 (r = 2 with a second seed at 0.056;
+#            0.007 for r = 2 and 4)
 #
-#   bash dev/diagnose_micro.sh              # 43 runs, ~2 h with CPU_JOBS=1; rows in dev/results/diagnostics/results.jsonl
+#   bash dev/diagnose_micro.sh              # 49 runs, ~2 h with CPU_JOBS=1; rows in dev/results/diagnostics/results.jsonl
 #   CPU_JOBS=2 bash dev/diagnose_micro.sh   # two at a time, one thread each
 #   bash dev/diagnose_micro.sh --list       # the runs, one "NAME flags" line each
 # Finished runs are skipped (their row is in the results file), so it can be rerun after a kill.
@@ -44,6 +45,11 @@ plan() {  # one "NAME flags" line per run
   for r in 1 4 8; do echo "r${r}_lrnorm0.15_lr0.112 --r $r --lr-norm 0.15 --lr-matrix 0.112 --scale 0.25"; done
   echo "r1_lrnorm0.15_lr0.056_seed1 --r 1 --lr-norm 0.15 --lr-matrix 0.056 --seed 1 --scale 0.25"
   echo "r4_lrnorm0.15_seed1 --r 4 --lr-norm 0.15 --seed 1 --scale 0.25"
+  # r = 2, the grid's worst-fitting r, was never LR-checked: the same MuonH slice, and a second seed at 0.056
+  for lr in 0.028 0.056 0.112; do echo "r2_lrnorm0.15_lr$lr --r 2 --lr-norm 0.15 --lr-matrix $lr --scale 0.25"; done
+  echo "r2_lrnorm0.15_lr0.056_seed1 --r 2 --lr-norm 0.15 --lr-matrix 0.056 --seed 1 --scale 0.25"
+  # r = 2 and r = 4 were best at the lowest MuonH LR tried (0.014): one step lower brackets it
+  for r in 2 4; do echo "r${r}_lrnorm0.15_lr0.007 --r $r --lr-norm 0.15 --lr-matrix 0.007 --scale 0.25"; done
 }
 if [ "${1:-}" = --list ]; then plan; exit 0; fi
 plan | bash dev/micro_runs.sh

@@ -53,10 +53,11 @@ def main(diag_path=RESULTS / "diagnostics" / "results.jsonl",
               f"0.112 {get(f'r{r}_lrnorm0.05_lr0.112')}")
 
     print("\nMuonH base LR at norm LR 0.15 (seed 0; a second seed in brackets)")
-    for r in (1, 4, 8):
-        names = [f"r{r}_lrnorm0.15"] + [f"r{r}_lrnorm0.15_lr{lr}" for lr in ("0.028", "0.056", "0.112")]
+    for r in (1, 2, 4, 8):
+        lrs = ("0.007", "0.014", "0.028", "0.056", "0.112")  # 0.014 is train.py's default: no suffix
+        names = [f"r{r}_lrnorm0.15" + ("" if lr == "0.014" else f"_lr{lr}") for lr in lrs]
         cells = [f"{lr} {get(name)}" + (f" [{get(name + '_seed1')}]" if name + "_seed1" in loss else "")
-                 for lr, name in zip(("0.014", "0.028", "0.056", "0.112"), names)]
+                 for lr, name in zip(lrs, names)]
         print(f"  r = {r}: " + "  ".join(cells))
 
     print("\nThe grid's MuonH base LR 0.056 (seed 0 = the grid's row)")

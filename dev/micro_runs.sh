@@ -13,6 +13,9 @@ FLAGS="--flops 1.5e12 --head-dim 8 --batch-tokens 2048 --ref-width 32 --ref-batc
 [ -f "$DATA/meta.json" ] || { echo "$DATA/meta.json missing: python prepare_data.py --source ../shared/data/micro-corpus --vocab-size 2048 --seq-len 128 --val-fraction 0.02 --out $DATA" >&2; exit 2; }
 [[ "${CPU_JOBS:-1}" =~ ^[1-9][0-9]*$ ]] || { echo "CPU_JOBS must be a whole number >= 1, got '$CPU_JOBS'" >&2; exit 2; }
 mkdir -p "$OUT" "$(dirname "$RESULTS")"
+# A name whose row is in $RESULTS is skipped before train.py starts: the older rows carry no run identity
+# for train.py's own "already done" check to match, and it would train them again.
 OMP_NUM_THREADS=1 xargs -P "${CPU_JOBS:-1}" -L 1 bash -c 'name=$0;
+  grep -qF "\"out\": \"'"$OUT"'/$name\"" '"$RESULTS"' 2>/dev/null && { echo "done: $name (row in '"$RESULTS"')"; exit 0; }
   python3 train.py --data '"$DATA"' '"$FLAGS"' "$@" --out '"$OUT"'/$name --results '"$RESULTS"' --resume \
     >> '"$OUT"'/$name.log 2>&1 && echo "done: $name" || echo "failed: $name (see '"$OUT"'/$name.log)"'

@@ -86,8 +86,9 @@ def test_cpu_case_study_grids_are_the_cpu_micro_cells_with_the_variant(grid, fla
     are cpu-micro's, by name, so a case-study sweep beside runs/cpu-micro reuses them."""
     base, _ = plan_rows("cpu-micro")
     rows, _ = plan_rows(grid)
-    # trunc adds a wider width for its looped runs where two of its optima were the widest width
-    wider = {(C, s, r) for C, s in [(1.1e12, 0.5), (2.4e12, 0.625)] for r in (2, 4, 8)} if grid == "cpu-micro-trunc" else set()
+    # each adds a wider width for its looped runs where its optima were the widest width
+    wider_cells = {"cpu-micro-trunc": [(1.1e12, 0.5), (2.4e12, 0.625)], "cpu-micro-hyper": [(1.1e12, 0.5)]}[grid]
+    wider = {(C, s, r) for C, s in wider_cells for r in (2, 4, 8)}
     assert sorted((x["C"], x["s"], x["r"]) for x in rows) == sorted({(x["C"], x["s"], x["r"]) for x in base} | wider)
     assert {x["name"] for x in rows if x["r"] == 1} == {x["name"] for x in base if x["r"] == 1}
     assert not {x["name"] for x in rows if x["r"] > 1} & {x["name"] for x in base}
@@ -129,7 +130,20 @@ def best_width_is_inside(rows, n_widths, narrowest=0):
             assert best > 0 or cell[0][0] == narrowest, (budget, r, cell)
 
 
-@pytest.mark.parametrize("grid", ["cpu-micro", "cpu-micro-trunc"])
+def test_cpu_micro_lr_gives_r2_and_r4_their_own_muonh_lr_and_reuses_r1_and_r8():
+    """The per-r LR grid: cpu-micro's cells, r = 2 and r = 4 at MuonH 0.014 (their optimum in the
+    diagnostics' LR check), r = 1 and r = 8 at 0.056 under cpu-micro's names, so they are reused."""
+    base, _ = plan_rows("cpu-micro")
+    rows, _ = plan_rows("cpu-micro-lr")
+    assert sorted((x["C"], x["s"], x["r"]) for x in rows) == sorted((x["C"], x["s"], x["r"]) for x in base)
+    base_names = {x["name"] for x in base}
+    assert all((x["name"] in base_names) == (x["r"] in (1, 8)) for x in rows)
+    for line in sweep("--grid", "cpu-micro-lr", "--print").stdout.splitlines():
+        r, last_lr = re.search(r"--r (\d+) ", line).group(1), re.findall(r"--lr-matrix (\S+)", line)[-1]
+        assert last_lr == ("0.014" if r in ("2", "4") else "0.056"), line
+
+
+@pytest.mark.parametrize("grid", ["cpu-micro", "cpu-micro-trunc", "cpu-micro-hyper"])
 def test_committed_cpu_micro_results_are_this_grid_and_bracket_every_minimum(grid):
     """dev/results/<grid> holds the CPU grid as sweep.sh defines it: one row per planned run, at the
     planned LRs (MuonH 0.056, norm scales 0.15: the diagnostics' calibration), over four budgets
