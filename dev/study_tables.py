@@ -1,6 +1,6 @@
 """
 The CPU study's tables (README "CPU-scale results", dev/README.md) from the committed rows and fits of
-dev/results/cpu-micro{,-layout,-trunc,-hyper}: nothing here is typed in by hand, and a test checks that
+dev/results/cpu-micro{,-layout,-lr,-trunc,-hyper}: nothing here is typed in by hand, and a test checks that
 the README's phi table is this script's.
 
     python dev/study_tables.py            # phi table, best width per (budget, r), the full loss grid
@@ -23,6 +23,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # grid folder, label, the paper's phi for it (iso-depth §4.2 and §5)
 GRIDS = [("cpu-micro", "base (linear injection)", "0.46 [0.41, 0.53]"),
          ("cpu-micro-layout", "base, r = 1 in the looped layout", "-"),
+         ("cpu-micro-lr", "base, r = 2 and 4 at their own MuonH LR", "-"),
          ("cpu-micro-trunc", "truncated BPTT, r_bwd = ceil(r/2)", "0.38"),
          ("cpu-micro-hyper", "hyperconnections, K = 2", "0.65")]
 CASE_STUDIES = ["cpu-micro-trunc", "cpu-micro-hyper"]
@@ -34,8 +35,11 @@ def load_rows(grid):
 
 
 def column(row):
-    """Table column of a run: its r, marked for the case studies' variants."""
+    """Table column of a run: its r, marked for the case studies' variants and a run's own MuonH LR
+    (sweep.sh names those runs _lr<value>)."""
     tag = {"hyper": " hc"}.get(row.get("injection"), "")
+    if "_lr" in Path(row["out"]).name:
+        tag = f" lr{row['base_lrs']['matrix']:g}"
     if row["r"] == 1 and row.get("injection") not in (None, "none"):
         tag = " layout"
     if row.get("r_bwd") and row["r_bwd"] < row["r"]:

@@ -143,15 +143,17 @@ def test_cpu_micro_lr_gives_r2_and_r4_their_own_muonh_lr_and_reuses_r1_and_r8():
         assert last_lr == ("0.014" if r in ("2", "4") else "0.056"), line
 
 
-@pytest.mark.parametrize("grid", ["cpu-micro", "cpu-micro-trunc", "cpu-micro-hyper"])
+@pytest.mark.parametrize("grid", ["cpu-micro", "cpu-micro-trunc", "cpu-micro-hyper", "cpu-micro-lr"])
 def test_committed_cpu_micro_results_are_this_grid_and_bracket_every_minimum(grid):
     """dev/results/<grid> holds the CPU grid as sweep.sh defines it: one row per planned run, at the
-    planned LRs (MuonH 0.056, norm scales 0.15: the diagnostics' calibration), over four budgets
+    planned LRs (MuonH 0.056, or 0.014 for cpu-micro-lr's r = 2 and 4; norm scales 0.15), over four budgets
     spanning 10x, every minimum bracketed except where it is the one-head d = 8 (the lowest budget)."""
     planned = set(printed_runs(grid))
     rows = [json.loads(line) for line in open(REPO / "dev" / "results" / grid / "results.jsonl")]
     assert sorted(Path(row["out"]).name for row in rows) == sorted(planned)
-    assert all(row["base_lrs"]["matrix"] == 0.056 and row["base_lrs"]["norm"] == 0.15 for row in rows)
+    own_lr = {2: 0.014, 4: 0.014} if grid == "cpu-micro-lr" else {}  # the per-r LR grid's r = 2 and 4
+    assert all(row["base_lrs"]["matrix"] == own_lr.get(row["r"], 0.056) and row["base_lrs"]["norm"] == 0.15
+               for row in rows)
     budgets = sorted({row["flops_budget"] for row in rows})
     assert len(budgets) >= 4 and budgets[-1] >= 10 * budgets[0] and {row["r"] for row in rows} == {1, 2, 4, 8}
     best_width_is_inside([row for row in rows if row["flops_budget"] > budgets[0]], 3)
