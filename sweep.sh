@@ -62,7 +62,8 @@ CPU_MICRO_CELLS=(
 CPU_TRUNC_EXTRA_CELLS=("1.1e12:0.5" "2.4e12:0.625")
 CPU_HYPER_EXTRA_CELLS=("1.1e12:0.5")
 # cpu-micro-lr gives each r its own MuonH base LR: the diagnostics' LR check (dev/README.md) found r = 2
-# and r = 4 best at 0.014 where r = 1 and r = 8 are best at the grid's 0.056. r = 1 and r = 8 are reused.
+# and r = 4 best at 0.014 where r = 1 and r = 8 are best at the grid's 0.056 (at one cell; across the grid
+# it changes r = 2 and 4 by no more than their seed noise). r = 1 and r = 8 are reused.
 CPU_MICRO_LR_PER_R=("2:0.014" "4:0.014")
 SMOKE_CELLS=("3e9:0.25 0.5" "1e10:0.25 0.5")
 PAPER_R="1 2 4 8"

@@ -45,7 +45,7 @@ plan() {  # one "NAME flags" line per run
   for r in 1 4 8; do echo "r${r}_lrnorm0.15_lr0.112 --r $r --lr-norm 0.15 --lr-matrix 0.112 --scale 0.25"; done
   echo "r1_lrnorm0.15_lr0.056_seed1 --r 1 --lr-norm 0.15 --lr-matrix 0.056 --seed 1 --scale 0.25"
   echo "r4_lrnorm0.15_seed1 --r 4 --lr-norm 0.15 --seed 1 --scale 0.25"
-  # r = 2, the grid's worst-fitting r, was never LR-checked: the same MuonH slice, and a second seed at 0.056
+  # r = 2, the grid's worst-fitting r: the same MuonH slice, and a second seed at 0.056
   for lr in 0.028 0.056 0.112; do echo "r2_lrnorm0.15_lr$lr --r 2 --lr-norm 0.15 --lr-matrix $lr --scale 0.25"; done
   echo "r2_lrnorm0.15_lr0.056_seed1 --r 2 --lr-norm 0.15 --lr-matrix 0.056 --seed 1 --scale 0.25"
   # r = 2 and r = 4 were best at the lowest MuonH LR tried (0.014): one step lower brackets it
