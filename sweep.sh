@@ -98,6 +98,9 @@ PYTHON="${PYTHON:-python3}"
 OUT="${OUT:-runs/$GRID}"
 RESULTS="$OUT/results.jsonl"
 
+# values_for KEY "K:V"...: the Vs of the entries whose K is KEY (the extra widths of a budget, an r's LR).
+values_for() { local key="$1" e out=""; shift; for e in "$@"; do [ "${e%%:*}" = "$key" ] && out="$out ${e#*:}"; done; echo "${out# }"; }
+
 # One line per run: name | train.py flags (without data/out/results).
 plan_lines() {
   local cells=() extra=() rs="$PAPER_R" flags="$GPU_FLAGS" variant="" tag=""
@@ -114,11 +117,10 @@ plan_lines() {
     smoke)     cells=("${SMOKE_CELLS[@]}"); flags="$SMOKE_FLAGS"; rs="1 2 4"; tag=_smoke ;;
     *) echo "sweep.sh: unknown grid '$GRID' (paper|trunc|hyper|depth18|depth24|cpu-micro|cpu-micro-trunc|cpu-micro-hyper|cpu-micro-layout|cpu-micro-lr|smoke)" >&2; return 2 ;;
   esac
-  local cell budget s r e more arch name lr
+  local cell budget s r more arch name lr
   for cell in "${cells[@]}"; do
     budget="${cell%%:*}"
-    more=""  # the extra (wider) widths at this budget, looped runs only
-    for e in "${extra[@]}"; do [ "${e%%:*}" = "$budget" ] && more="$more ${e#*:}"; done
+    more=$(values_for "$budget" "${extra[@]}")  # the extra (wider) widths at this budget, looped runs only
     for s in ${cell#*:} $more; do
       for r in $rs; do
         if [ "$r" -eq 1 ] && [[ " $more " == *" $s "* ]]; then continue; fi
@@ -132,10 +134,9 @@ plan_lines() {
         elif [ "$r" -eq 1 ] && [ "$variant" = layout ]; then
           arch="--r 1 --recur 16 --injection linear"; name="${name}_layout"
         elif [ "$variant" = lr ]; then
-          for e in "${CPU_MICRO_LR_PER_R[@]}"; do [ "${e%%:*}" = "$r" ] && lr=" --lr-matrix ${e#*:}"; done
-          name="${name}${lr:+_lr${lr##* }}"
+          lr=$(values_for "$r" "${CPU_MICRO_LR_PER_R[@]}"); name="${name}${lr:+_lr$lr}"
         fi
-        echo "$name$tag|$arch --scale $s --flops $budget $flags$lr"  # a later flag wins in train.py
+        echo "$name$tag|$arch --scale $s --flops $budget $flags${lr:+ --lr-matrix $lr}"  # a later flag wins in train.py
       done
     done
   done
