@@ -1,9 +1,9 @@
 """
 Download, tokenize and pack FineWeb-Edu (or local text) into rows of seq_len + 1 uint16 tokens: the one
-deterministic stream every architecture reads, each document starting with BOS, best-fit packed (RECIPE §5).
+deterministic stream every architecture reads, each document starting with BOS, best-fit packed (paper §4.1).
 
     python prepare_data.py --shards 205 --out data/fineweb  # paper grid: 7.97B tokens at ~39M a shard (an estimate)
-    python prepare_data.py --source ../shared/data/micro-corpus --vocab-size 2048 --seq-len 128 \
+    python prepare_data.py --source data/micro-corpus --vocab-size 2048 --seq-len 128 \
         --val-fraction 0.02 --out data/micro-2k            # local text, the CPU grids
 
 Downloads follow the paper (§4.1): Llama 2's tokenizer + <|assistant_end|> (32,001 ids, as the authors'
@@ -14,9 +14,12 @@ Output: train.bin, val.bin, the tokenizer and meta.json, written last (a complet
 import argparse
 import base64
 import bisect
+import fcntl
 import hashlib
+import io
 import itertools
 import json
+import lzma
 import math
 import os
 import shlex
@@ -40,6 +43,7 @@ N_SHARDS = 1823  # shard_00000.parquet .. shard_01822.parquet, documents pre-shu
 # The paper evaluates 34,560 rows of 2,049 tokens (70.8M). A shard holds ~250M characters, ~60M Llama-2
 # tokens, ~39M after cropping (nanochat: ~35% cropped at T = 2048): 2 shards suffice, 3 allow a short last one.
 VAL_SHARDS = 3
+LOCAL_VAL_FILES = 2  # --source without --val-shards/--val-fraction: the last two files are validation
 # Llama 2's tokenizer.model from an ungated copy of meta-llama/Llama-2-7b-hf; the sha256 of Meta's file.
 LLAMA2_URL = "https://huggingface.co/NousResearch/Llama-2-7b-hf/resolve/main/tokenizer.model"
 LLAMA2_SHA256 = "9e556afd44213b6bd1be2b850ebbbd98f5481437a8021afaf58ee7fb1818d347"
@@ -49,7 +53,8 @@ BOS_TOKEN = "<|bos|>"               # the BPE's one special token, the id after 
 SPLIT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}|"""
                  r""" ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+""")
 MAX_VOCAB = 65536                # token ids are stored as uint16
-SUFFIXES = (".parquet", ".jsonl", ".txt")
+# Source formats; .jsonl and .txt may be xz-compressed (the in-repo micro-corpus), read by the standard library.
+SUFFIXES = (".parquet", ".jsonl", ".txt", ".jsonl.xz", ".txt.xz")
 FORMAT = "nanoloop-rows-v2"
 BUFFER_DOCS = 1000               # best-fit buffer in documents (or pieces), as the authors' prepack
 BATCH_CHARS = 1 << 21            # characters per tokenizer call: all threads busy, token lists stay small
@@ -67,13 +72,27 @@ def sha256_file(path):
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def write_through(writer, f):
+    """writer(f), with a full disk reported as the OSError it is: torch.save turns the file's OSError
+    (ENOSPC) into "RuntimeError: [enforce fail at inline_container.cc] unexpected pos"."""
+    try:
+        writer(f)
+    except RuntimeError as e:
+        if isinstance(e.__context__, OSError):
+            raise e.__context__ from None
+        raise
+
+
 def atomic_write(path, data):
     """Crash-safe write of bytes or callable(f): a unique temp file beside `path`, fsynced, renamed, folder fsynced."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
         with open(tmp, "wb") as f:  # buffered: a short write of the OS is retried or raises (full disk)
-            f.write(data) if isinstance(data, (bytes, bytearray)) else data(f)
+            if isinstance(data, (bytes, bytearray)):
+                f.write(data)
+            else:
+                write_through(data, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -82,6 +101,21 @@ def atomic_write(path, data):
     fd = os.open(path.parent, os.O_RDONLY)
     os.fsync(fd)
     os.close(fd)
+
+
+def append_row(path, row):
+    """Append a JSON row by rewriting the file with atomic_write under a lock on its folder: a reader, a crash
+    or a full disk sees the old file or the new one, never half a row; concurrent writers never lose a row."""
+    path = Path(path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        old = path.read_bytes() if path.exists() else b""
+        if old and not old.endswith(b"\n"):
+            old += b"\n"  # a torn last line stays a line of its own (fit_laws.py reports it)
+        atomic_write(path, old + (json.dumps(row) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def check_parquet(path):
@@ -97,28 +131,57 @@ def check_parquet(path):
     return rows
 
 
+def source_kind(path):
+    """Which of SUFFIXES a source file's name ends with (".jsonl.xz" before ".jsonl"), or None."""
+    for suffix in sorted(SUFFIXES, key=len, reverse=True):
+        if path.name.endswith(suffix):
+            return suffix
+    return None
+
+
+def open_source(path):
+    """A .jsonl or .txt source opened for reading bytes, decompressed on the fly if it ends in .xz."""
+    if path.name.endswith(".xz"):
+        return lzma.open(path, "rb")
+    return path.open("rb")
+
+
 def iter_texts(path):
-    """A source file's documents: its parquet 'text' column, .jsonl lines' 'text' fields, or a whole .txt."""
-    if path.suffix == ".parquet":
+    """A source file's documents: its parquet 'text' column, .jsonl lines' 'text' fields, or a whole .txt.
+    Any failure to read the file (corrupt or truncated parquet pages or xz stream) is one DataError naming it."""
+    try:
+        yield from read_documents(path)
+    except (OSError, EOFError, lzma.LZMAError, pa.ArrowException) as e:
+        raise DataError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
+
+
+def read_documents(path):
+    """The documents of one source file, by its format (iter_texts turns read errors into DataError)."""
+    kind = source_kind(path)
+    if kind == ".parquet":
         with pq.ParquetFile(path) as pf:
             for g in range(pf.num_row_groups):
                 yield from pf.read_row_group(g, columns=["text"]).column("text").to_pylist()
-    elif path.suffix == ".jsonl":
-        for lineno, line in enumerate(path.open("rb"), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                raise DataError(f"{path}:{lineno}: no string 'text' field")
-            yield obj["text"]
+    elif kind.startswith(".jsonl"):
+        with open_source(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError as e:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({e})") from None
+                if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+                    raise DataError(f"{path}:{lineno}: no string 'text' field")
+                yield obj["text"]
     else:
-        try:
-            yield path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}: not UTF-8 text ({e})") from None
+        # Text mode with universal newlines (\r\n read as \n), as Path.read_text.
+        with open_source(path) as f, io.TextIOWrapper(f, encoding="utf-8") as text:
+            try:
+                document = text.read()
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}: not UTF-8 text ({e})") from None
+        yield document
 
 
 def batches(plan):
@@ -183,7 +246,10 @@ class Tokenizer:
     def __init__(self, kind, path):
         self.kind = kind
         if kind == "bpe":  # the expected hash stops tiktoken's path-keyed cache serving a stale file
-            ranks = tiktoken.load.load_tiktoken_bpe(str(path), expected_hash=sha256_file(path))
+            try:
+                ranks = tiktoken.load.load_tiktoken_bpe(str(path), expected_hash=sha256_file(path))
+            except Exception as e:  # base64 or format errors of a damaged file, raised by tiktoken
+                raise DataError(f"{path}: not a tiktoken BPE file ({type(e).__name__}: {e})") from None
             self.bos_id, self.vocab_size = len(ranks), len(ranks) + 1
             self._enc = tiktoken.Encoding(f"nanoloop-bpe-{self.vocab_size}", pat_str=SPLIT_PATTERN,
                                           mergeable_ranks=ranks, special_tokens={BOS_TOKEN: self.bos_id})
@@ -219,8 +285,16 @@ class Tokenizer:
 def train_bpe(texts, vocab_size, out_path):
     """rustbpe's byte-level BPE of vocab_size tokens (BOS included) in tiktoken's format (no blobfile needed)."""
     import rustbpe  # imported here: the llama2 path and the data loader never need it
+    seen = {"chars": 0}
+
+    def counted(texts):
+        for text in texts:
+            seen["chars"] += len(text)
+            yield text
     tok = rustbpe.Tokenizer()
-    tok.train_from_iterator(texts, vocab_size - 1, pattern=SPLIT_PATTERN)
+    tok.train_from_iterator(counted(texts), vocab_size - 1, pattern=SPLIT_PATTERN)
+    if seen["chars"] == 0:
+        raise DataError("the training documents are all empty: there is no text to train the tokenizer on")
     ranks = sorted(tok.get_mergeable_ranks(), key=lambda pair: pair[1])
     if len(ranks) < vocab_size - 1:
         raise DataError(f"the training text only supports {len(ranks) + 1} tokens, fewer than "
@@ -229,7 +303,7 @@ def train_bpe(texts, vocab_size, out_path):
 
 
 class Packer:
-    """Best-fit packing into rows of row_len tokens (RECIPE §5; the authors' prepack, nanochat's BOS-aligned best-fit):
+    """Best-fit packing into rows of row_len tokens (§4.1; the authors' prepack, nanochat's BOS-aligned best-fit):
     from a buffer of BUFFER_DOCS documents a row takes the largest that fits the space left (ties: the earliest); when
     none fits, the shortest is cropped to fill the row, its rest discarded and counted. split_long (local corpora of
     whole books): a longer document is first cut into row_len pieces, each buffered and kept; the first has BOS."""
@@ -306,9 +380,12 @@ def local_files(sources):
     """Expand --source paths (files, or folders searched recursively) into a sorted file list."""
     files = []
     for src in map(Path, sources):
-        found = [src] if src.is_file() else sorted(
-            p for p in src.rglob("*") if p.is_file() and p.suffix in SUFFIXES and not p.name.startswith("."))
-        if not found or found[0].suffix not in SUFFIXES:
+        if src.is_file():
+            found = [src]
+        else:
+            found = sorted(p for p in src.rglob("*")
+                           if p.is_file() and source_kind(p) and not p.name.startswith("."))
+        if not found or source_kind(found[0]) is None:
             raise DataError(f"{src}: not a {'/'.join(SUFFIXES)} file, nor a folder holding one")
         files += found
     return files
@@ -319,7 +396,7 @@ def make_plan(files, val_files, val_fraction):
     Decided before any tokenizing; counting documents checks every file early."""
     plan = []
     for k, path in enumerate(files):
-        n = check_parquet(path) if path.suffix == ".parquet" else sum(1 for _ in iter_texts(path))
+        n = check_parquet(path) if source_kind(path) == ".parquet" else sum(1 for _ in iter_texts(path))
         val_from = (n - min(math.ceil(val_fraction * n), max(n - 1, 0)) if val_fraction
                     else 0 if k >= len(files) - val_files else n)
         plan.append({"path": path, "docs": n, "val_from": val_from})
@@ -347,7 +424,8 @@ def parse_args(argv):
     p.add_argument("--source", nargs="+", help="local .parquet/.jsonl/.txt files or folders instead of downloading")
     p.add_argument("--shards", type=number(1), help="FineWeb-Edu training shards to download (default 8)")
     held_out = p.add_mutually_exclusive_group()
-    held_out.add_argument("--val-shards", type=number(1), help=f"validation: the last N shards (default {VAL_SHARDS})")
+    held_out.add_argument("--val-shards", type=number(1), help=f"validation: the last N files (default: "
+                          f"{VAL_SHARDS} for downloads, {LOCAL_VAL_FILES} for --source)")
     held_out.add_argument("--val-fraction", type=number(0, 1, float), default=0.0, help="--source: validation = "
                           "the last fraction of every file's documents (default: the last 2 files)")
     p.add_argument("--base-url", default=BASE_URL, help="where the shards are (default: Hugging Face)")
@@ -362,7 +440,7 @@ def parse_args(argv):
     local = a.source is not None
     if a.shards if local else a.val_fraction:
         p.error("--shards applies to downloads, not to --source" if local else "--val-fraction is for --source")
-    a.shards, a.val_shards = a.shards or 8, 0 if a.val_fraction else a.val_shards or (2 if local else VAL_SHARDS)
+    a.shards, a.val_shards = a.shards or 8, 0 if a.val_fraction else a.val_shards or (LOCAL_VAL_FILES if local else VAL_SHARDS)
     a.tokenizer, a.packing = a.tokenizer or ("bpe" if local else "llama2"), a.packing or ("split" if local else "crop")
     if a.tokenizer_model if a.tokenizer == "bpe" else a.vocab_size:
         p.error(f"--{'tokenizer-model' if a.tokenizer == 'bpe' else 'vocab-size'} is not for --tokenizer {a.tokenizer}")
@@ -413,9 +491,11 @@ def prepare(a):
             raise DataError(f"{out} holds a dataset built with {key} {json.dumps(old.get(key))}, not "
                             f"{json.dumps(settings[key])}; use another --out or delete {out}")
 
+    created_out = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     tok_name = "tokenizer.tiktoken" if bpe else "tokenizer.model"
     tmp = {name: out / f".{name}.{os.getpid()}.tmp" for name in ("train.bin", "val.bin", tok_name)}
+    finished = False
     try:
         t0 = time.time()
         if bpe:
@@ -449,9 +529,12 @@ def prepare(a):
         for name, path in tmp.items():
             os.replace(path, out / name)
         atomic_write(out / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
+        finished = True
     finally:
         for path in tmp.values():
             path.unlink(missing_ok=True)
+        if created_out and not finished and not any(out.iterdir()):
+            out.rmdir()  # a failed build leaves no empty folder that looks like an output
     return meta
 
 
@@ -463,6 +546,10 @@ def main(argv=None):
     except DataError as e:
         print(f"prepare_data.py: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    except OSError as e:  # a full disk or an unwritable --out: nothing half-written is left to look complete
+        print(f"prepare_data.py: error: could not write {e.filename or a.out} ({e.strerror or e}); no dataset "
+              f"was written", file=sys.stderr)
+        raise SystemExit(1) from None
     for s in ("train", "val"):
         print(f"{s}: {meta[f'{s}_rows']:,} rows x {meta['row_len']} = {meta[f'{s}_tokens']:,} tokens from "
               f"{meta[f'{s}_docs']:,} documents")
@@ -472,26 +559,47 @@ def main(argv=None):
 
 
 # --- what train.py reads the data with ---------------------------------------------------------
-REQUIRED_KEYS = ("tokenizer_kind", "tokenizer_file", "tokenizer_sha256", "vocab_size", "bos_id", "seq_len",
-                 "row_len", "train_rows", "val_rows", "train_tokens", "train_sha256", "val_sha256", "packing")
 ROW_ORDER_SEED = 1234  # the data order of every run; change it to resample the order
+
+
+def load_json(path, what="file"):
+    """A JSON file's content; a missing, unreadable or non-JSON file is one DataError naming it."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such {what}") from None
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        raise DataError(f"{path}: not a readable JSON {what} ({e})") from None
+
+
+# The types meta.json's keys must have: a damaged or hand-edited file is refused here, by name, and not
+# with a traceback in whatever arithmetic first touches the value.
+META_TYPES = {"row_len": int, "seq_len": int, "vocab_size": int, "bos_id": int, "train_rows": int, "val_rows": int,
+              "train_tokens": int, "tokenizer_kind": str, "tokenizer_file": str, "tokenizer_sha256": str,
+              "train_sha256": str, "val_sha256": str, "packing": dict}
 
 
 def read_meta(data_dir, verify=True):
     """meta.json once the dataset checks whole: keys, .bin sizes, (verify: a full read) sha256s; else a DataError."""
     path = Path(data_dir) / "meta.json"
     rebuild = f"rebuild with prepare_data.py (e.g. --shards 8 --out {data_dir}, or --source PATH)"
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: {e if path.exists() else 'not found'}; {rebuild}") from None
+    if not path.exists():
+        raise DataError(f"{path}: not found; {rebuild}")
+    meta = load_json(path, "dataset description")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise DataError(f"{path}: not a {FORMAT} dataset (an older format?); {rebuild}")
-    for key in (k for k in REQUIRED_KEYS if k not in meta):
-        raise DataError(f"{path}: missing key {key!r}; {rebuild}")
+    for key, kind in META_TYPES.items():
+        if key not in meta:
+            raise DataError(f"{path}: missing key {key!r}; {rebuild}")
+        if not isinstance(meta[key], kind) or (kind is int and meta[key] < 0):
+            raise DataError(f"{path}: {key} is {meta[key]!r}, not a {kind.__name__}; {rebuild}")
     for split in ("train", "val"):
-        bin_path, want = Path(data_dir) / f"{split}.bin", meta[f"{split}_rows"] * meta["row_len"] * 2
-        size = bin_path.stat().st_size if bin_path.exists() else "no file,"
+        bin_path = Path(data_dir) / f"{split}.bin"
+        want = meta[f"{split}_rows"] * meta["row_len"] * 2
+        if not bin_path.exists():
+            raise DataError(f"{bin_path}: missing (meta.json lists {meta[f'{split}_rows']} rows); {rebuild}")
+        size = bin_path.stat().st_size
         if size != want:
             raise DataError(f"{bin_path}: {size} bytes, meta.json says {want} ({meta[f'{split}_rows']} rows of "
                             f"{meta['row_len']} uint16); {rebuild}")
@@ -511,6 +619,8 @@ def load_tokenizer(data_dir):
     """The dataset's Tokenizer; its sha256 must be meta.json's, so a swapped file cannot go unnoticed."""
     meta = read_meta(data_dir, verify=False)
     path = Path(data_dir) / meta["tokenizer_file"]
+    if not path.is_file():
+        raise DataError(f"{path}: the dataset's tokenizer file is missing (meta.json names it); rebuild the dataset")
     if sha256_file(path) != meta["tokenizer_sha256"]:
         raise DataError(f"{path}: sha256 differs from meta.json's tokenizer_sha256; the dataset and its "
                         f"tokenizer do not belong together")

@@ -4,8 +4,8 @@ with Range, garbage is refused, the paper's Llama-2 path end to end with a tiny 
 best-fit packing in both modes, the micro-corpus rows pinned byte for byte, both tokenizers, damaged
 datasets and bad input as one-line errors, and the RowLoader's rank/resume semantics.
 
-The FineWeb-Edu sample lives in shared/data next to the repository; tests that need it are
-skipped with a message when it is absent. Small vocabularies and short rows keep this fast.
+The FineWeb-Edu sample and the micro-corpus ship with the repository (data/); no test skips for
+missing data. Small vocabularies and short rows keep this fast.
 """
 import contextlib
 import hashlib
@@ -22,13 +22,9 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO.parent / "shared" / "data" / "fineweb-edu-sample"
+SAMPLE = REPO / "data" / "fineweb-edu-sample"
 sys.path.insert(0, str(REPO))
 import prepare_data as pdata  # noqa: E402
-
-needs_sample = pytest.mark.skipif(
-    not SAMPLE.is_dir(), reason=f"{SAMPLE} not found (the offline FineWeb-Edu sample)")
-
 
 def sha(path):
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
@@ -69,8 +65,8 @@ def fast_retries(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# Local HTTP server: /<mode>/<file> serves server.files[<file>] or shared/data/fineweb-edu-sample/
-# <file>; the dataset's last shard (the fixed validation split) is the sample's shard_00001
+# Local HTTP server: /<mode>/<file> serves server.files[<file>] or data/fineweb-edu-sample/<file>
+#; the dataset's last shard (the fixed validation split) is the sample's shard_00001
 #   ok        plain server with Range support
 #   drop      first request promises the whole file, sends half, hangs up; later ones honour Range
 #   dropnorange  like drop, but later requests ignore Range and send the whole file (200)
@@ -137,8 +133,6 @@ def url(srv, mode):
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """docs.jsonl packed with 10% of its documents held out: the dataset most tests read."""
-    if not SAMPLE.is_dir():
-        pytest.skip(f"{SAMPLE} not found (the offline FineWeb-Edu sample)")
     out = tmp_path_factory.mktemp("built")
     build(out, "--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 512,
           "--seq-len", 64)
@@ -149,7 +143,6 @@ def built(tmp_path_factory):
 # Downloads
 # ---------------------------------------------------------------------------------------------
 
-@needs_sample
 def test_download_build_rerun_is_cached_and_deterministic(server, tmp_path):
     dl = tmp_path / "raw"
     common = ["--base-url", url(server, "ok"), "--shards", 1, "--val-shards", 1, "--download-dir", dl,
@@ -176,7 +169,6 @@ def test_download_build_rerun_is_cached_and_deterministic(server, tmp_path):
         assert sha(tmp_path / "a" / name) == sha(tmp_path / "b" / name)
 
 
-@needs_sample
 @pytest.mark.parametrize("mode", ["drop", "dropnorange"])
 def test_download_resumes_after_dropped_connection(server, tmp_path, mode):
     dest = tmp_path / "shard_00000.parquet"
@@ -190,7 +182,6 @@ def test_download_resumes_after_dropped_connection(server, tmp_path, mode):
     assert not dest.with_name(dest.name + ".tmp").exists()
 
 
-@needs_sample
 def test_partial_file_that_is_not_a_prefix_is_fetched_anew(server, tmp_path):
     # A .tmp as long as the remote file or longer (another version of it) gets HTTP 416: start clean.
     dest = tmp_path / "shard_00001.parquet"
@@ -202,7 +193,6 @@ def test_partial_file_that_is_not_a_prefix_is_fetched_anew(server, tmp_path):
     assert hits == [f"bytes={len(original) + 5}-", None]
 
 
-@needs_sample
 def test_garbage_download_is_a_clear_error(server, tmp_path):
     dl = tmp_path / "raw"
     msg = error_of("--base-url", url(server, "garbage"), "--shards", 1, "--val-shards", 1,
@@ -212,7 +202,6 @@ def test_garbage_download_is_a_clear_error(server, tmp_path):
     assert not (tmp_path / "out" / "meta.json").exists()
 
 
-@needs_sample
 def test_truncated_download_is_a_clear_error(server, tmp_path):
     dl = tmp_path / "raw"
     msg = error_of("--base-url", url(server, "truncate"), "--shards", 1, "--val-shards", 1,
@@ -224,7 +213,6 @@ def test_truncated_download_is_a_clear_error(server, tmp_path):
     assert (dl / f"{name}.tmp").exists()  # kept for the next run to resume
 
 
-@needs_sample
 def test_missing_remote_shard_is_not_retried(server, tmp_path):
     msg = error_of("--base-url", url(server, "ok"), "--shards", 3, "--val-shards", 1,
                    "--download-dir", tmp_path / "raw", "--out", tmp_path / "out", "--tokenizer", "bpe")
@@ -379,7 +367,6 @@ def test_packing_invariants_on_random_documents():
 # Splits and tokenizers
 # ---------------------------------------------------------------------------------------------
 
-@needs_sample
 def test_validation_documents_never_appear_in_train(built):
     meta = pdata.read_meta(built)
     assert (meta["train_docs"], meta["val_docs"]) == (135, 15)
@@ -395,7 +382,6 @@ def test_validation_documents_never_appear_in_train(built):
     assert sum(in_train[:135]) >= 130 and sum(in_val[135:]) >= 13
 
 
-@needs_sample
 def test_tokenizer_trains_on_train_documents_only_within_budget(tmp_path, monkeypatch):
     seen = []
     real_train_bpe = pdata.train_bpe
@@ -420,13 +406,15 @@ def test_tokenizer_trains_on_train_documents_only_within_budget(tmp_path, monkey
     assert seen == docs[:135]
 
 
-MICRO = REPO.parent / "shared" / "data" / "micro-corpus"
+MICRO = REPO / "data" / "micro-corpus"
 
 
-@pytest.mark.skipif(not MICRO.is_dir(), reason=f"{MICRO} not found (the CPU grids' micro-corpus)")
 def test_micro_corpus_rows_are_the_ones_behind_the_committed_cpu_results(tmp_path):
-    # The README's cpu-micro command; these checksums are the rows the committed CPU sweeps trained
-    # on (made by the code before the tiktoken file format, the thread pool and crop mode).
+    # The README's cpu-micro command on the in-repo corpus (two .jsonl.xz files, read through lzma);
+    # these checksums are the rows the committed CPU sweeps trained on (made from the uncompressed
+    # JSONL, by the code before the tiktoken file format, the thread pool and crop mode).
+    assert sorted(p.name for p in MICRO.iterdir() if p.suffix == ".xz") == [
+        "fineweb-web.jsonl.xz", "gutenberg-books.jsonl.xz"]
     meta = build(tmp_path, "--source", MICRO, "--vocab-size", 2048, "--seq-len", 128, "--val-fraction", 0.02,
                  workers=2)
     assert sha(tmp_path / "train.bin") == "6c8d61dbfbad4ec9129e90930fc7460b188a859dc39b21659df32dd038800c32"
@@ -434,7 +422,39 @@ def test_micro_corpus_rows_are_the_ones_behind_the_committed_cpu_results(tmp_pat
     assert (meta["packing"]["method"], meta["train_rows"], meta["val_rows"]) == ("split", 116511, 3127)
 
 
-@needs_sample
+def test_xz_compressed_sources_give_the_same_rows_as_plain_ones(tmp_path):
+    """.jsonl.xz and .txt.xz are read through lzma (the in-repo micro-corpus ships that way): the rows
+    are byte-identical to those of the uncompressed files; \r\n in a .txt reads as \n either way."""
+    import lzma
+    plain, packed = tmp_path / "plain", tmp_path / "xz"
+    plain.mkdir()
+    packed.mkdir()
+    lines = (SAMPLE / "docs.jsonl").read_bytes().splitlines(keepends=True)
+    book = "\r\n".join(sample_texts()[:40]).encode()
+    for folder, compress in ((plain, False), (packed, True)):
+        for name, data in (("a.jsonl", b"".join(lines[:120])), ("b.txt", book), ("c.jsonl", b"".join(lines[120:]))):
+            path = folder / name
+            if compress:
+                path = folder / f"{name}.xz"
+                data = lzma.compress(data)
+            path.write_bytes(data)
+    metas = [build(tmp_path / f"out_{f.name}", "--source", f, "--val-shards", 1, "--vocab-size", 300,
+                   "--seq-len", 64) for f in (plain, packed)]
+    for split in ("train", "val"):
+        assert metas[0][f"{split}_sha256"] == metas[1][f"{split}_sha256"]
+    assert metas[1]["settings"]["sources"][0][0] == "a.jsonl.xz" and metas[1]["train_docs"] == 121
+
+
+def test_a_damaged_xz_source_is_one_line_naming_the_file(tmp_path):
+    import lzma
+    good = lzma.compress((SAMPLE / "docs.jsonl").read_bytes())
+    bad = tmp_path / "docs.jsonl.xz"
+    bad.write_bytes(good[: len(good) // 2])  # truncated mid-stream
+    msg = error_of("--source", bad, "--val-fraction", 0.1, "--vocab-size", 300, "--out", tmp_path / "o")
+    assert str(bad) in msg and "Traceback" not in msg
+    assert not (tmp_path / "o").exists()
+
+
 def test_bpe_tokenizer_round_trip_and_bos(built):
     tok = pdata.load_tokenizer(built)
     meta = pdata.read_meta(built)
@@ -455,9 +475,7 @@ def test_bpe_tokenizer_round_trip_and_bos(built):
 @pytest.fixture(scope="module")
 def sp_model():
     """A 400-piece SentencePiece BPE shaped like Llama 2's (byte fallback, <unk> <s> </s> = 0 1 2)."""
-    if not SAMPLE.is_dir():
-        pytest.skip(f"{SAMPLE} not found (the offline FineWeb-Edu sample)")
-    spm = pytest.importorskip("sentencepiece")
+    import sentencepiece as spm
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sample_texts()[:135]), model_writer=model, vocab_size=400,
@@ -490,9 +508,7 @@ def test_sentencepiece_tokenizer_on_local_text(sp_model, tmp_path):
 
 def test_sentencepiece_model_without_bos_is_one_line(tmp_path):
     """Rows start with BOS and hold uint16 ids: a model without a BOS piece is refused before packing."""
-    if not SAMPLE.is_dir():
-        pytest.skip(f"{SAMPLE} not found (the offline FineWeb-Edu sample)")
-    spm = pytest.importorskip("sentencepiece")
+    import sentencepiece as spm
     model_path = tmp_path / "nobos.model"
     spm.SentencePieceTrainer.train(sentence_iterator=iter(sample_texts()[:60]), model_prefix=str(model_path)[:-6],
                                    vocab_size=300, bos_id=-1, num_threads=1, minloglevel=2)
@@ -505,17 +521,24 @@ def test_sentencepiece_model_without_bos_is_one_line(tmp_path):
 # Bad input
 # ---------------------------------------------------------------------------------------------
 
-@needs_sample
 def test_bad_sources_name_the_file(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     out = ["--out", tmp_path / "out", "--vocab-size", 300, "--val-fraction", 0.1]
-    assert f"{src}: not a .parquet/.jsonl/.txt file, nor a folder holding one" in error_of("--source", src, *out)
+    assert f"{src}: not a .parquet/.jsonl/.txt/.jsonl.xz/.txt.xz file, nor a folder holding one" in error_of(
+        "--source", src, *out)
 
     bad = src / "bad.parquet"
     bad.write_bytes((SAMPLE / "shard_00000.parquet").read_bytes()[:70000])  # truncated
     msg = error_of("--source", bad, *out)
     assert str(bad) in msg and "not a readable parquet file" in msg
+
+    # Footer intact, data pages overwritten: the footer check passes, reading the pages fails.
+    shard = bytearray((SAMPLE / "shard_00000.parquet").read_bytes())
+    shard[2000:60000] = bytes(58000)
+    bad.write_bytes(bytes(shard))
+    msg = error_of("--source", bad, *out)
+    assert msg.startswith(f"prepare_data.py: error: {bad}: cannot be read")
 
     bad = src / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"text": 3}\n')
@@ -567,7 +590,6 @@ def copy_dataset(built, out):
     return lambda: {p.name: sha(p) for p in out.iterdir()} == before
 
 
-@needs_sample
 def test_existing_output_with_another_tokenizer_is_refused(built, tmp_path):
     out = tmp_path / "copy"
     untouched = copy_dataset(built, out)
@@ -587,9 +609,8 @@ def test_existing_output_with_another_tokenizer_is_refused(built, tmp_path):
     assert msg.endswith(f"{out} holds a dataset in an older format; use another --out or delete {out}")
 
 
-@needs_sample
 def test_existing_dataset_is_not_replaced_when_only_seq_len_changes(built, tmp_path):
-    # Issue 12: the old code silently replaced the dataset (and the runs that used it lost it).
+    # An earlier prepare_data.py silently replaced the dataset (and the runs that used it lost it).
     out = tmp_path / "copy"
     untouched = copy_dataset(built, out)
     msg = error_of("--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 512,
@@ -602,9 +623,8 @@ def test_existing_dataset_is_not_replaced_when_only_seq_len_changes(built, tmp_p
     assert meta["train_sha256"] == pdata.read_meta(built)["train_sha256"]
 
 
-@needs_sample
 def test_shared_train_and_validation_documents_warn_with_counts(tmp_path, capsys):
-    # Issue 12: the sample's docs.jsonl holds the documents of shard_00000 and shard_00001; with
+    # The sample's docs.jsonl holds the documents of shard_00000 and shard_00001; with
     # the jsonl as the held-out file, all 150 validation documents are also trained on.
     meta = build(tmp_path, "--source", SAMPLE / "shard_00000.parquet", SAMPLE / "docs.jsonl",
                  "--val-shards", 1, "--vocab-size", 300, "--seq-len", 64)
@@ -614,22 +634,21 @@ def test_shared_train_and_validation_documents_warn_with_counts(tmp_path, capsys
 
 
 def test_non_string_text_column_is_a_one_line_error(tmp_path):
-    # Issue 12: an integer 'text' column ended in a traceback inside the tokenizer.
-    pq = pytest.importorskip("pyarrow.parquet")
+    # An integer 'text' column once ended in a traceback inside the tokenizer.
     import pyarrow as pa
+    import pyarrow.parquet as pq
     bad = tmp_path / "ints.parquet"
     pq.write_table(pa.table({"text": list(range(10))}), bad)
     msg = error_of("--source", bad, "--val-fraction", 0.1, "--vocab-size", 300, "--out", tmp_path / "o")
     assert f"{bad}: the 'text' column holds int64, not strings" in msg
 
 
-@needs_sample
 def test_failed_build_leaves_nothing_that_looks_complete(tmp_path):
     out = tmp_path / "out"
     msg = error_of("--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 300,
                    "--seq-len", 100000, "--out", out, "--workers", 1)
     assert "not one full row" in msg
-    assert sorted(p.name for p in out.iterdir()) == []
+    assert not out.exists()  # no temp file, no meta.json, not even the empty folder it created
 
 
 def test_read_meta_says_how_to_build(tmp_path):
@@ -647,7 +666,6 @@ def damaged_copy(built, tmp_path, damage):
     return str(e.value)
 
 
-@needs_sample
 def test_read_meta_refuses_a_truncated_bin(built, tmp_path):
     def truncate(out):
         with open(out / "train.bin", "r+b") as f:
@@ -655,7 +673,6 @@ def test_read_meta_refuses_a_truncated_bin(built, tmp_path):
     assert "train.bin" in damaged_copy(built, tmp_path, truncate)
 
 
-@needs_sample
 def test_read_meta_names_a_missing_key(built, tmp_path):
     def drop_key(out):
         meta = json.loads((out / "meta.json").read_text())
@@ -664,7 +681,6 @@ def test_read_meta_names_a_missing_key(built, tmp_path):
     assert "missing key 'row_len'" in damaged_copy(built, tmp_path, drop_key)
 
 
-@needs_sample
 def test_read_meta_detects_rewritten_tokens_by_checksum(built, tmp_path):
     def rewrite(out):  # 10% of the tokens replaced, the file size unchanged
         tokens = np.fromfile(out / "train.bin", dtype=np.uint16)
@@ -676,7 +692,6 @@ def test_read_meta_detects_rewritten_tokens_by_checksum(built, tmp_path):
     assert pdata.RowLoader(tmp_path / "damaged", "train", 2).n_rows > 0
 
 
-@needs_sample
 def test_data_identity_names_tokenizer_shape_and_content(built):
     meta = pdata.read_meta(built)
     ident = pdata.data_identity(meta)
@@ -698,11 +713,76 @@ def test_atomic_write_replaces_whole_files_only(tmp_path):
     assert target.read_bytes() == b"new"
 
 
+def test_a_full_disk_inside_torch_save_is_an_oserror_naming_no_space():
+    """torch.save reports a full disk as 'RuntimeError: [enforce fail at inline_container.cc] unexpected pos';
+    atomic_write's writer path turns it back into the ENOSPC OSError, which train.py reports in one line."""
+    import errno
+    import torch
+
+    class FullDisk(io.RawIOBase):
+        written = 0
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.written += len(b)
+            if self.written > 1000:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return len(b)
+    with pytest.raises(OSError) as e:
+        pdata.write_through(lambda f: torch.save({"w": torch.zeros(10_000)}, f), io.BufferedWriter(FullDisk()))
+    assert e.value.errno == errno.ENOSPC
+
+
+def test_a_full_disk_while_packing_is_one_line_and_leaves_no_dataset(tmp_path, monkeypatch, capsys):
+    """Old: a traceback from deep inside the packer, with temp files beside the output."""
+    import builtins
+    import errno
+    real_open = builtins.open
+
+    class FullDisk(io.RawIOBase):
+        def writable(self):
+            return True
+
+        def write(self, b):
+            raise OSError(errno.ENOSPC, "No space left on device", "train.bin")
+
+    def open_full(path, mode="r", *args, **kwargs):
+        if "w" in mode and ".train.bin." in str(path):
+            return io.BufferedWriter(FullDisk(), buffer_size=64)
+        return real_open(path, mode, *args, **kwargs)
+    monkeypatch.setattr(pdata, "open", open_full, raising=False)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        pdata.main(["--source", str(SAMPLE / "docs.jsonl"), "--val-fraction", "0.1", "--vocab-size", "300",
+                    "--seq-len", "64", "--out", str(out), "--workers", "1"])
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after the progress lines
+    assert e.value.code == 1 and "Traceback" not in err
+    assert last.startswith("prepare_data.py: error: could not write") and "No space left on device" in last
+    assert not out.exists()
+
+
+def test_messages_say_what_is_wrong_and_help_shows_the_defaults_the_code_uses(tmp_path, capsys):
+    """Old: an empty .txt as the only training file said "the training text only supports 257 tokens";
+    --help said the validation default was 3 files where --source uses 2."""
+    (tmp_path / "a.txt").write_text("")
+    (tmp_path / "b.jsonl").write_text((SAMPLE / "docs.jsonl").read_text())
+    msg = error_of("--source", tmp_path / "a.txt", tmp_path / "b.jsonl", "--val-shards", 1, "--vocab-size", 300,
+                   "--out", tmp_path / "o")
+    assert "the training documents are all empty" in msg
+    with pytest.raises(SystemExit):
+        pdata.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"{pdata.VAL_SHARDS} for downloads, {pdata.LOCAL_VAL_FILES} for --source" in help_text
+    assert pdata.parse_args(["--source", str(SAMPLE / "docs.jsonl")]).val_shards == pdata.LOCAL_VAL_FILES
+
+
 # ---------------------------------------------------------------------------------------------
 # RowLoader
 # ---------------------------------------------------------------------------------------------
 
-@needs_sample
 def test_row_loader_batches_are_shifted_rows(built):
     meta = pdata.read_meta(built)
     rows = np.fromfile(built / "train.bin", dtype=np.uint16).reshape(-1, meta["row_len"])
@@ -714,7 +794,6 @@ def test_row_loader_batches_are_shifted_rows(built):
     assert loader.row == 4
 
 
-@needs_sample
 def test_row_loader_reads_each_row_once_per_pass_in_a_shuffled_order(built):
     # A batch of consecutive file rows would be one or two documents, and a file-ordered local
     # corpus would be trained on in phases (all web text, then all books): read a permutation.
@@ -734,7 +813,6 @@ def test_row_loader_reads_each_row_once_per_pass_in_a_shuffled_order(built):
     assert np.abs(np.diff(order)).mean() > n / 10
 
 
-@needs_sample
 def test_row_loader_ranks_partition_the_single_process_batch(built):
     world, per_rank = 3, 5
     n_rows = pdata.read_meta(built)["val_rows"]
@@ -755,7 +833,6 @@ def test_row_loader_ranks_partition_the_single_process_batch(built):
     assert all(r.row == single.row and r.epoch == single.epoch for r in ranks)
 
 
-@needs_sample
 def test_row_loader_resumes_identically(built):
     a = pdata.RowLoader(built, "train", 3, rank=1, world_size=2)
     for _ in range(4):
@@ -768,7 +845,6 @@ def test_row_loader_resumes_identically(built):
         assert (bx == x).all() and (by == y).all()
 
 
-@needs_sample
 def test_row_loader_refuses_a_truncated_file(built, tmp_path):
     out = tmp_path / "short"
     shutil.copytree(built, out)
