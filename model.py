@@ -16,6 +16,7 @@ Options, all fixed by ModelConfig:
              hyper (loop-level hyperconnections with K lanes, §5.2)
   r_bwd      truncated BPTT: only the last r_bwd loops carry gradient (§5.1)
   forward(..., r=...) evaluates with a different loop count than trained (App. A).
+  generate() samples a ragged batch through a KVCache with one layer per executed layer (§2, App. D).
 """
 import math
 import sys
@@ -70,7 +71,7 @@ def causal_attention(q, k, v, backend):
 
 def embedding_dtype(device_type):
     """dtype of the token embedding's output: bf16 under bf16 autocast (the GPU default), as the
-    authors' code casts wte to bf16 on GPU (RECIPE §1); otherwise None (keep the weight's dtype, so
+    authors' code casts wte to bf16 on GPU (§4.1: bf16 training); otherwise None (keep the weight's dtype, so
     CPU/fp32 is unchanged). nn.Embedding is not autocast, so the stream would otherwise start fp32."""
     if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16:
         return torch.bfloat16
@@ -103,7 +104,9 @@ def apply_rope(x, cos, sin):
     """Rotate the two halves of every head: (x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos)."""
     half = x.size(-1) // 2
     x1, x2 = x[..., :half], x[..., half:]
-    cos, sin = cos[: x.size(1)].to(x.dtype), sin[: x.size(1)].to(x.dtype)
+    if cos.dim() == 3:  # a (T_max, 1, D/2) table from position 0; KVCache.begin's (B, T, 1, D/2) are per row
+        cos, sin = cos[: x.size(1)], sin[: x.size(1)]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
@@ -117,7 +120,7 @@ class Attention(nn.Module):
         self.c_v = nn.Linear(d, d, bias=False)
         self.c_proj = nn.Linear(d, d, bias=False)
 
-    def forward(self, x, rope, backend):
+    def forward(self, x, rope, backend, cache=None):
         B, T, _ = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
         k = self.c_k(x).view(B, T, self.n_head, self.head_dim)
@@ -126,7 +129,10 @@ class Attention(nn.Module):
         # Parameter-free QK-norm after RoPE (nanochat): bounds the attention logits, which matters
         # when the same weights see the state r times.
         q, k = F.rms_norm(q, (self.head_dim,), eps=NORM_EPS), F.rms_norm(k, (self.head_dim,), eps=NORM_EPS)
-        y = causal_attention(q, k, v, backend)
+        if cache is None:
+            y = causal_attention(q, k, v, backend)  # training and forward(): the causal kernel
+        else:
+            y = cache.attend(q, k, v)
         return self.c_proj(y.reshape(B, T, -1))
 
 
@@ -149,9 +155,77 @@ class Block(nn.Module):
         self.norm_1, self.attn = RMSNorm(cfg.d_model), Attention(cfg)
         self.norm_2, self.mlp = RMSNorm(cfg.d_model), MLP(cfg)
 
-    def forward(self, x, rope, backend):
-        x = x + self.attn(self.norm_1(x), rope, backend)
+    def forward(self, x, rope, backend, cache=None):
+        x = x + self.attn(self.norm_1(x), rope, backend, cache)
         return x + self.mlp(self.norm_2(x))
+
+
+# ----------------------------------------------------------------------------------------------
+# Sampling: a KV cache exact across recurrences, and the next-token draw
+
+class KVCache:
+    """Keys and values of every executed layer, preallocated as (layers, B, heads, T_max, head_dim), for
+    rows left-padded to the longest prompt. Each recurrence sees a different hidden state, so the exact
+    cache (kv_budget = r) holds prelude + r*recur + coda layers, the effective depth: iso-depth keeps
+    the plain model's KV memory (§2, App. D). kv_budget < r approximates (the authors' fork): recurrent
+    layer j at iteration i uses slot i mod kv_budget, reading the last such iteration's earlier keys."""
+
+    def __init__(self, cfg, r, lengths, max_len, kv_budget=None, device=None):
+        self.r = r
+        budget = r if kv_budget is None else kv_budget
+        if not 1 <= budget <= r:
+            raise ValueError(f"kv_budget must be in 1..r={r}, got {budget}")
+        # The cache layer of each executed layer, in execution order: prelude, r loops, coda.
+        loops = [cfg.prelude + (i % budget) * cfg.recur + j for i in range(r) for j in range(cfg.recur)]
+        first_coda = cfg.prelude + budget * cfg.recur
+        self.slots = [*range(cfg.prelude), *loops, *range(first_coda, first_coda + cfg.coda)]
+        self.shape = (first_coda + cfg.coda, len(lengths), cfg.n_head, max_len, cfg.head_dim)
+        self.k = self.v = None  # allocated by the first write, in the dtype it brings (bf16 under autocast)
+        self.start = torch.tensor([max(lengths) - n for n in lengths], device=device)  # padding columns per row
+        # Sized for prompt + new tokens, not seq_len: decoding past seq_len extrapolates RoPE.
+        self.cos, self.sin = rope_tables(max_len, cfg.head_dim, device)
+        self.pos = self.layer = 0  # columns filled so far; layers run by the current forward
+
+    def begin(self, T):
+        """Open T new columns for one forward: the mask its layers share, and per-row RoPE tables."""
+        self.first = self.pos  # this forward writes columns first .. pos - 1
+        self.pos += T
+        assert self.pos <= self.shape[3], f"the cache holds {self.shape[3]} columns, not {self.pos}"
+        cols = torch.arange(self.first, self.pos, device=self.start.device)[:, None]
+        keys = torch.arange(self.pos, device=self.start.device)[None, :]
+        real = (keys >= self.start[:, None])[:, None, :]  # (B, 1, S)
+        # A padding query sees only itself: an all-masked softmax row would be NaN, and 0 * NaN in
+        # the value product would leak it into the real rows.
+        self.mask = ((keys <= cols) & (real | (keys == cols)))[:, None]  # (B, 1, T, S)
+        self.layer = 0
+        positions = (cols.T - self.start[:, None]).clamp(min=0)  # (B, T): each row counts from its first token
+        return self.cos[positions], self.sin[positions]
+
+    def attend(self, q, k, v):
+        """Store this layer's new keys and values (q, k, v: (B, T, H, D)) and attend over all columns
+        with SDPA and an explicit mask, on CPU and GPU alike (FlashAttention is the training path's)."""
+        slot = self.slots[self.layer]
+        self.layer += 1
+        if self.k is None:
+            self.k = torch.zeros(self.shape, dtype=k.dtype, device=k.device)
+            self.v = torch.zeros(self.shape, dtype=v.dtype, device=v.device)
+        self.k[slot, :, :, self.first:self.pos] = k.transpose(1, 2)
+        self.v[slot, :, :, self.first:self.pos] = v.transpose(1, 2)
+        keys, values = self.k[slot, :, :, :self.pos], self.v[slot, :, :, :self.pos]
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=self.mask)
+        return y.transpose(1, 2)
+
+
+def sample_next(logits, temperature, top_k, generator):
+    """One id per row of logits (B, V): the argmax if temperature <= 0, else a draw from the top_k softmax."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = F.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -218,7 +292,7 @@ class GPT(nn.Module):
 
     def param_groups(self):
         """Which tensors MuonH trains ('matrix': every 2-D block matrix and W_inj) and which AdamW
-        trains ('embedding', 'unembedding', 'norm', 'hyper'), RECIPE §4. Covers every parameter."""
+        trains ('embedding', 'unembedding', 'norm', 'hyper'), §4.1 / App. E. Covers every parameter."""
         groups = {"matrix": [], "embedding": [self.wte.weight], "unembedding": [self.lm_head.weight],
                   "norm": [], "hyper": []}
         for name, p in self.named_parameters():
@@ -240,33 +314,33 @@ class GPT(nn.Module):
         return torch.zeros_like(e) if self.cfg.injection == "additive" else e
 
     def inject(self, e, s):
-        """u_t from the prelude output e and the previous state s (RECIPE §1)."""
+        """u_t from the prelude output e and the previous state s (§3.1)."""
         if self.cfg.injection == "linear":
             return self.w_inj(torch.cat([e, s], dim=-1))
         if self.cfg.injection == "additive":
             return s + e
         return s  # passthrough, and the plain r = 1 stack ("none")
 
-    def run_shared(self, u, rope):
+    def run_shared(self, u, rope, cache=None):
         for block in self.recur:
-            u = block(u, rope, self.backend)
+            u = block(u, rope, self.backend, cache)
         return self.norm_recur(u)
 
-    def recurrence(self, e, r, r_bwd, rope):
+    def recurrence(self, e, r, r_bwd, rope, cache=None):
         """Run r loops; only the last r_bwd build an autograd graph (truncated BPTT, §5.1)."""
         grad_on = torch.is_grad_enabled()
         if self.cfg.injection == "hyper":
-            return self.hyper_recurrence(e, r, rope)
+            return self.hyper_recurrence(e, r, rope, cache)
         s = self.initial_state(e)
         for t in range(r):
             # Early loops run under no_grad: no activations kept, no backward FLOPs. Their output
             # enters the first trained loop as a plain tensor, so e and the shared weights get
             # gradient only through the last r_bwd loops.
             with torch.set_grad_enabled(grad_on and t >= r - r_bwd):
-                s = self.run_shared(self.inject(e, s), rope)
+                s = self.run_shared(self.inject(e, s), rope, cache)
         return s
 
-    def hyper_recurrence(self, e, r, rope):
+    def hyper_recurrence(self, e, r, rope, cache=None):
         """Loop-level hyperconnections: K lanes start as e; step t reads u = sum_k alpha_t[k] lane_k,
         runs the block, and writes lanes <- M_t lanes + beta_t (x) s. The coda reads the lane sum.
         All three are matmuls on the flattened lanes, so flops.py counts them as (K^2 + 2K) d."""
@@ -279,7 +353,7 @@ class GPT(nn.Module):
             step = min(t, self.cfg.r - 1)  # beyond the trained r (r_eval > r) reuse the last step
             with torch.autocast(e.device.type, enabled=False):
                 u = (self.hc_alpha[step].float()[None] @ lanes).view(shape)
-            s = self.run_shared(u, rope)
+            s = self.run_shared(u, rope, cache)
             with torch.autocast(e.device.type, enabled=False):
                 lanes = (self.hc_mix[step].float() @ lanes
                          + self.hc_beta[step].float()[:, None] @ s.float().reshape(1, -1))
@@ -295,37 +369,71 @@ class GPT(nn.Module):
         T = idx.size(1)
         if T > self.rope_cos.size(0):
             raise ValueError(f"sequence of {T} tokens is longer than seq_len={self.rope_cos.size(0)}")
-        rope = (self.rope_cos, self.rope_sin)
-        x = self.norm_embed(self.wte(idx).to(embedding_dtype(idx.device.type) or self.wte.weight.dtype))
-        for block in self.prelude:
-            x = block(x, rope, self.backend)
-        x = self.recurrence(x, r, r_bwd, rope)
-        for block in self.coda:
-            x = block(x, rope, self.backend)
-        logits = self.lm_head(self.norm_final(x)).float()
-        logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)  # soft-cap in fp32
-        logits = logits[..., : cfg.vocab_size]  # the padding rows never win a softmax
+        logits = self.compute_logits(idx, r, r_bwd, (self.rope_cos, self.rope_sin))
         if targets is None:
             return logits
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
+    def compute_logits(self, idx, r, r_bwd, rope, cache=None):
+        """fp32 soft-capped logits (B, T, vocab) of idx at r loops; `cache` (a KVCache) when sampling."""
+        x = self.norm_embed(self.wte(idx).to(embedding_dtype(idx.device.type) or self.wte.weight.dtype))
+        for block in self.prelude:
+            x = block(x, rope, self.backend, cache)
+        x = self.recurrence(x, r, r_bwd, rope, cache)
+        for block in self.coda:
+            x = block(x, rope, self.backend, cache)
+        logits = self.lm_head(self.norm_final(x)).float()
+        logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)  # soft-cap in fp32
+        return logits[..., : self.cfg.vocab_size]  # the padding rows never win a softmax
+
+    def cached_forward(self, idx, cache):
+        """Logits (B, T, vocab) of T new columns appended to `cache`: the prompts (prefill), then 1 (decode)."""
+        rope = cache.begin(idx.size(1))
+        return self.compute_logits(idx, cache.r, cache.r, rope, cache)  # the cache's r: its slots fit
+
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, r=None, generator=None):
-        """Sample continuations of idx (B, T). No KV cache: each step re-runs the (cropped) context,
-        which is fine for a few hundred tokens of a small model."""
+    def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=None, generator=None, stop_id=None,
+                 r=None, use_cache=True, kv_budget=None):
+        """Continue each prompt (token-id lists, any lengths, one batch) by up to max_new_tokens; returns
+        the new tokens per row (list of lists). A row ends after emitting stop_id, which it keeps.
+        temperature <= 0 is greedy, top_k keeps the k likeliest ids, generator (a torch.Generator; None:
+        the global RNG) is one stream for the batch, so only a greedy row is independent of the others.
+        r is the loop count (default the trained r, App. A).
+        use_cache prefills the left-padded batch once and decodes a token at a time through a KVCache
+        (kv_budget < r: approximate); use_cache=False reruns each row's whole context every token (the
+        reference). Neither crops: past seq_len, RoPE extrapolates. A longer prompt is refused."""
+        rows = [[int(t) for t in p] for p in prompts]
+        longest = max(len(row) for row in rows)
+        if longest > self.cfg.seq_len:
+            raise ValueError(f"prompt of {longest} tokens is longer than the model's context of "
+                             f"{self.cfg.seq_len} tokens: crop it")
+        if min(len(row) for row in rows) == 0:
+            raise ValueError("every prompt needs at least one token")
+        r = self.cfg.r if r is None else r
+        device = self.lm_head.weight.device
+        new = [[] for _ in rows]
+        done = [False] * len(rows)
+        if use_cache:
+            cache = KVCache(self.cfg, r, [len(row) for row in rows], longest + max_new_tokens, kv_budget, device)
+            padded = [[0] * (longest - len(row)) + row for row in rows]  # left-pad: all rows end in the last column
+            step_ids = torch.tensor(padded, device=device)
+        else:
+            rope = rope_tables(longest + max_new_tokens, self.cfg.head_dim, device)
         for _ in range(max_new_tokens):
-            context = idx[:, -self.cfg.seq_len:]
-            logits = self(context, r=r)[:, -1, :]
-            if temperature <= 0:
-                next_id = logits.argmax(-1, keepdim=True)
+            if use_cache:
+                logits = self.cached_forward(step_ids, cache)[:, -1]
             else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                next_id = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
-            idx = torch.cat([idx, next_id], dim=1)
-        return idx
+                contexts = [torch.tensor([row + out], device=device) for row, out in zip(rows, new)]
+                logits = torch.cat([self.compute_logits(ids, r, r, rope)[:, -1] for ids in contexts])
+            next_ids = sample_next(logits, temperature, top_k, generator)
+            for i, token in enumerate(next_ids.tolist()):
+                if not done[i]:  # a finished row still rides along in the batch; its tokens are dropped
+                    new[i].append(token)
+                    done[i] = token == stop_id
+            if all(done):
+                break
+            step_ids = next_ids[:, None]
+        return new
 
 
 def activation_bytes(model, idx):

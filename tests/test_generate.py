@@ -1,0 +1,182 @@
+"""Inference for looped models (paper §2, App. A, App. D): each test is one claim about the KV cache
+and generate(). Tiny fp32 models (d = 16, head dim 8) with every weight moved off its init, so that
+W_inj and the hyperconnection parameters really mix e and the state."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flops import ModelConfig
+from model import GPT, KVCache
+
+VOCAB, SEQ_LEN = 64, 32
+INJECTIONS = ["linear", "additive", "passthrough", "hyper"]
+# (injection, trained r, r_eval): r = 1 is the plain 20-layer stack; r = 4 at its own r, at fewer
+# loops and at more (the hyper mode reuses its last step's parameters beyond the trained r).
+EXACT_CASES = [("none", 1, 1)] + [(inj, 4, r_eval) for inj in INJECTIONS for r_eval in (4, 2, 7)]
+
+
+def make(r=4, injection="linear", seed=0):
+    torch.manual_seed(seed)
+    model = GPT(ModelConfig(r=r, injection=injection, scale=0.25, head_dim=8, vocab_size=VOCAB, seq_len=SEQ_LEN))
+    with torch.no_grad():  # off the identity inits: W_inj = [I|0], alpha one-hot, M = I, beta = 1
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def prompt(n, seed):
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def teacher_forced(model, idx, n_prompt, r=None, kv_budget=None):
+    """Prefill idx[:, :n_prompt] in one call, then feed the rest one token per call: (B, T, V) logits."""
+    r = model.cfg.r if r is None else r
+    cache = KVCache(model.cfg, r, [n_prompt] * idx.size(0), idx.size(1), kv_budget)
+    with torch.no_grad():
+        steps = [model.cached_forward(idx[:, :n_prompt], cache)]
+        steps += [model.cached_forward(idx[:, t:t + 1], cache) for t in range(n_prompt, idx.size(1))]
+    return torch.cat(steps, dim=1)
+
+
+@pytest.mark.parametrize("injection,r,r_eval", EXACT_CASES)
+def test_cached_decoding_gives_the_full_forward_logits_at_every_step(injection, r, r_eval):
+    """The cache is exact across recurrences: prefill plus one-token decode steps reproduce the full
+    forward's logits at every position, for every injection mode, also at r_eval != r (App. A)."""
+    model = make(r, injection)
+    idx = torch.randint(0, VOCAB, (2, SEQ_LEN), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(idx, r=r_eval)
+    cached = teacher_forced(model, idx, n_prompt=9, r=r_eval)
+    assert (cached - full).abs().max() < 1e-5
+
+
+def test_cache_holds_one_entry_per_executed_layer_like_the_plain_model():
+    """Iso-depth keeps the non-looped baseline's KV memory (§2, App. D): r = 4 with a 2/4/2 layout
+    executes 2 + 4*4 + 2 = 20 layers and caches 20 per token, as the plain 20-layer r = 1 model of the
+    same width; every executed layer writes its own entry, and r_eval = 8 needs 2 + 8*4 + 2 = 36."""
+    looped, plain = make(r=4), make(r=1)
+    assert (looped.cfg.prelude, looped.cfg.recur, looped.cfg.coda) == (2, 4, 2)
+    caches = {}
+    for name, model, r in [("looped", looped, 4), ("plain", plain, 1), ("r_eval 8", looped, 8)]:
+        caches[name] = KVCache(model.cfg, r, [10, 10], 12)
+        with torch.no_grad():
+            model.cached_forward(torch.tensor([prompt(10, 2), prompt(10, 3)]), caches[name])
+        assert sorted(caches[name].slots) == list(range(caches[name].k.size(0)))  # one slot per executed layer
+        assert (caches[name].k[:, :, :, :10].abs().sum(-1) > 0).all()  # ... and every one was written
+    assert caches["looped"].k.shape == caches["plain"].k.shape == (20, 2, 2, 12, 8)
+    per_token = caches["looped"].k.nbytes * 2 / (2 * 12)
+    assert per_token == caches["plain"].k.nbytes * 2 / (2 * 12) == 20 * 2 * 16 * 4  # layers * (k, v) * d * fp32
+    assert caches["r_eval 8"].k.size(0) == 36
+
+
+@pytest.mark.parametrize("injection,r_eval", [("linear", 4), ("additive", 6), ("passthrough", 2), ("hyper", 6)])
+def test_greedy_samples_are_the_same_with_and_without_the_cache(injection, r_eval):
+    """Greedy decoding through the cache equals rerunning the whole context every token, also past
+    the model's seq_len (both extrapolate RoPE, neither crops) and at r_eval != r."""
+    model = make(4, injection)
+    prompts = [prompt(14, 4), prompt(3, 5)]
+    cached = model.generate(prompts, 24, temperature=0, r=r_eval)
+    uncached = model.generate(prompts, 24, temperature=0, r=r_eval, use_cache=False)
+    assert cached == uncached and [len(row) for row in cached] == [24, 24]  # 14 + 24 > seq_len = 32
+
+
+def test_each_row_of_a_ragged_batch_equals_its_unbatched_run():
+    """Left padding with per-row RoPE positions and a key-padding mask: a row's logits and greedy
+    tokens do not depend on the other rows or on how much it was padded."""
+    model = make(4, "hyper")
+    prompts = [prompt(12, 6), prompt(1, 7), prompt(5, 8)]
+    batched = model.generate(prompts, 15, temperature=0)
+    assert batched == [model.generate([p], 15, temperature=0)[0] for p in prompts]
+    padded = torch.tensor([[0] * (12 - len(p)) + p for p in prompts])
+    cache = KVCache(model.cfg, 4, [len(p) for p in prompts], 13)
+    with torch.no_grad():
+        logits = model.cached_forward(padded, cache)
+        step = model.cached_forward(torch.tensor([[3], [4], [5]]), cache)[:, 0]
+        for i, p in enumerate(prompts):
+            alone = model(torch.tensor([p + [3 + i]]))[0]
+            assert (logits[i, 12 - len(p):] - alone[:-1]).abs().max() < 1e-5
+            assert (step[i] - alone[-1]).abs().max() < 1e-5
+
+
+def test_a_generator_seed_reproduces_its_samples_with_and_without_the_cache():
+    """Sampling draws from one torch.Generator for the whole batch: the same seed gives the same rows,
+    through the cache or not, and another seed gives others. A sampled row shares that stream with
+    its batch, so unlike a greedy row it is not compared with its unbatched run."""
+    model = make(4, "linear")
+    prompts = [prompt(7, 9), prompt(2, 10), prompt(11, 11)]
+
+    def sample(seed, use_cache=True):
+        generator = torch.Generator().manual_seed(seed)
+        return model.generate(prompts, 20, temperature=1.0, top_k=20, generator=generator, use_cache=use_cache)
+
+    first = sample(100)
+    assert first == sample(100) == sample(100, use_cache=False)
+    assert first != sample(101) and [len(row) for row in first] == [20, 20, 20]
+
+
+def test_top_k_1_is_greedy():
+    model = make(4, "additive")
+    prompts = [prompt(6, 12), prompt(9, 13)]
+    top_1 = model.generate(prompts, 20, temperature=0.7, top_k=1, generator=torch.Generator().manual_seed(0))
+    assert top_1 == model.generate(prompts, 20, temperature=0)
+
+
+def test_stop_token_ends_only_its_row():
+    """A row ends right after emitting stop_id (kept as its last token); the other rows go on."""
+    model = make(4, "passthrough")
+    prompts = [prompt(4, 14), prompt(8, 15)]
+    free = model.generate(prompts, 25, temperature=0)
+    stop_id = next(t for t in free[0][2:] if t not in free[1])  # row 0 emits it, row 1 never does
+    stopped = model.generate(prompts, 25, temperature=0, stop_id=stop_id)
+    assert stopped[0] == free[0][: free[0].index(stop_id) + 1] and len(stopped[0]) < 25
+    assert stopped[1] == free[1]
+
+
+def test_a_prompt_longer_than_the_context_is_one_clear_error():
+    model = make(4)
+    message = "prompt of 40 tokens is longer than the model's context of 32 tokens: crop it"
+    for use_cache in (True, False):
+        with pytest.raises(ValueError, match=message):
+            model.generate([prompt(5, 16), prompt(40, 17)], 3, use_cache=use_cache)
+
+
+def test_kv_budget_equal_to_r_is_exact_and_a_smaller_one_is_an_approximation():
+    """The authors' smaller recurrence KV budget (slot i mod kv_budget): budget = r is the exact cache;
+    below r the prompt is still exact (each loop reads the keys it just wrote) and the decoded tokens
+    are approximate. Their deviation is reported, not asserted: dev/bench_generate.py measures the
+    loss it costs on a trained model."""
+    model = make(4, "linear")
+    idx = torch.randint(0, VOCAB, (2, SEQ_LEN), generator=torch.Generator().manual_seed(18))
+    with torch.no_grad():
+        full = model(idx)
+    assert (teacher_forced(model, idx, 9, kv_budget=4) - full).abs().max() < 1e-5
+    exact_loss = F.cross_entropy(full[:, 9:-1].reshape(-1, VOCAB), idx[:, 10:].reshape(-1)).item()
+    for budget in (2, 1):
+        approx = teacher_forced(model, idx, 9, kv_budget=budget)
+        assert (approx[:, :9] - full[:, :9]).abs().max() < 1e-5 and torch.isfinite(approx).all()
+        loss = F.cross_entropy(approx[:, 9:-1].reshape(-1, VOCAB), idx[:, 10:].reshape(-1)).item()
+        print(f"kv_budget {budget} of r = 4: max |logit - exact| {(approx - full).abs().max():.2e}, "
+              f"decode loss {loss:.4f} vs exact {exact_loss:.4f} nats (random-init model)")
+        assert math.isfinite(loss)
+    assert len(model.generate([prompt(5, 19)], 10, temperature=0, kv_budget=2)[0]) == 10
+    with pytest.raises(ValueError, match="kv_budget"):
+        model.generate([prompt(5, 19)], 2, kv_budget=5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cache_on_gpu_matches_the_forward_in_fp32_and_runs_under_bf16_autocast():
+    model = make(4, "hyper").cuda()
+    model.set_device_backend("cuda")
+    idx = torch.randint(0, VOCAB, (2, SEQ_LEN), generator=torch.Generator().manual_seed(20)).cuda()
+    with torch.no_grad():
+        full = model(idx)
+    assert (teacher_forced(model, idx, 9) - full).abs().max() < 1e-4  # TF32-free fp32, other kernels
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.no_grad():
+            full_bf16 = model(idx)
+        cached_bf16 = teacher_forced(model, idx, 9)
+        generator = torch.Generator("cuda").manual_seed(0)
+        rows = model.generate([prompt(9, 21), prompt(3, 22)], 12, temperature=0.8, top_k=10, generator=generator)
+    assert (cached_bf16 - full_bf16).abs().max() < 0.1 and [len(row) for row in rows] == [12, 12]
