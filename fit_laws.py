@@ -1,5 +1,5 @@
 """
-Scaling-law fits for the iso-depth looped-transformer sweep (RECIPE §7): a Chinchilla law per
+Scaling-law fits for the iso-depth looped-transformer sweep (paper §4.2–4.3, App. E, G): a Chinchilla law per
 architecture, the joint law with the recurrence-equivalence exponent phi and its block-bootstrap CI,
 the compute-optimal frontier per r, delta-phi between two sweeps, the looped/non-looped equivalence
 calculator. (The truncate-or-not law, an extension, is dev/truncate_law.py.)
@@ -49,23 +49,34 @@ HIT_RTOL = 1e-6  # a restart "hits" the optimum when its objective is within thi
 N_LOCAL_OPTIMA = 8  # distinct local optima of a full-data fit kept as bootstrap starting points
 CONFIG_FIELDS = tuple(f.name for f in fields(flops.ModelConfig))
 SAME_RUN = CONFIG_FIELDS + ("flops_budget", "tokens", "seed", "lrs")  # one run, for rows without run_id
+DEFAULT_CATEGORIES = Path(__file__).resolve().parent / "data" / "eval" / "categories.json"
 
 
 # ----------------------------------------------------------------------------------------------
 # Loading runs
 
 def load_results(path):
-    """The rows of a train.py results file (one JSON object per line). ValueError on bad input."""
-    path, rows = Path(path), []
+    """The rows of a train.py results file, one JSON object per line. A line that is not one (a torn last
+    line, garbage) becomes {"unreadable": why}, which drop_unusable drops with a note, as every other row a
+    fit must not see. ValueError: no such file, or no lines at all."""
+    path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: unreadable ({err})") from None
+    rows = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
-            rows += [json.loads(line)] if line.strip() else []
+            row = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path} line {lineno}: not JSON ({err.msg})") from None
-        if rows and not isinstance(rows[-1], dict):
-            raise ValueError(f"{path} line {lineno}: expected a JSON object")
+            row = {"unreadable": f"line {lineno} is not JSON ({err.msg})"}
+        if not isinstance(row, dict):
+            row = {"unreadable": f"line {lineno} is not a JSON object"}
+        rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no runs")
     return rows
@@ -79,7 +90,7 @@ def _finite(value):
 
 
 def drop_unusable(rows):
-    """Drop rows a fit must not see (one moves phi, issue 12): unfinished runs (`finished` false; null or
+    """Drop rows a fit must not see (each one moves phi): unfinished runs (`finished` false; null or
     non-finite val_loss, train_loss or tokens_per_s), diverged runs (val_loss > ln(vocab) + 1, worse than
     uniform), repeats of a kept run (same run_id; else same config, budget, tokens, seed and LRs).
     Returns (kept rows, one note per dropped row)."""
@@ -88,7 +99,9 @@ def drop_unusable(rows):
         unfinished = [k for k in ("val_loss", "train_loss", "tokens_per_s") if k in row and not _finite(row[k])]
         uniform = math.log(float(row["vocab_size"])) if _finite(row.get("vocab_size")) else math.inf
         key = row.get("run_id") or (json.dumps([row.get(k) for k in SAME_RUN]) if "scale" in row else None)
-        if row.get("finished") is False or unfinished:
+        if "unreadable" in row:
+            notes.append(f"run {i}: dropped, {row['unreadable']}")
+        elif row.get("finished") is False or unfinished:
             why = f"{unfinished[0]} is {row[unfinished[0]]}" if unfinished else "finished is false"
             notes.append(f"run {i}: dropped, not a finished run ({why})")
         elif float(row.get("val_loss", 0)) > uniform + 1:
@@ -101,6 +114,63 @@ def drop_unusable(rows):
             seen.setdefault(key, i)
             kept.append(row)
     return kept, notes
+
+
+# What the runs of one fit (and two compared sweeps) must share: a law pooled over another vocabulary,
+# context length, effective depth, dataset or validation set mixes losses that are not comparable.
+SWEEP_SETTINGS = ("vocab_size", "seq_len", "depth", "data", "eval_rows")
+
+
+def sweep_setting(row, key):
+    """A row's value of one SWEEP_SETTINGS key ("data": the run identity's dataset checksums), None if unknown."""
+    if key == "data":
+        data = (row.get("identity") or {}).get("data")
+        return None if data is None else json.dumps(data, sort_keys=True)
+    return row.get(key)
+
+
+def mixed_settings(rows):
+    """The SWEEP_SETTINGS on which rows disagree, as 'key (a vs b)' strings (empty: all comparable). A row
+    that does not record a setting (rows older than run identities, synthetic rows) agrees with any."""
+    mixed = []
+    for key in SWEEP_SETTINGS:
+        values = sorted({str(sweep_setting(row, key)) for row in rows if sweep_setting(row, key) is not None})
+        if len(values) > 1:
+            shown = " vs ".join(value[:40] for value in values[:3])
+            mixed.append(f"{key} ({shown})")
+    return mixed
+
+
+def with_metric(rows, metric, eval_rows, categories):
+    """Copies of the training rows whose val_loss is a downstream loss instead (App. I.1): a category's
+    mean task loss (category_losses) or one task's loss, at the run's own trained r, joined by run_id.
+    Returns (rows, one note per training row that has no such evaluation)."""
+    if metric in categories:
+        per_run = {key: cats[metric] for key, cats in category_losses(eval_rows, categories).items() if metric in cats}
+    else:
+        per_run = {(row["run_id"], int(row["r"])): float(row["loss"]) for row in eval_rows if row["task"] == metric}
+    if not per_run:
+        raise ValueError(f"--metric {metric}: no evaluation rows for it (a category needs every one of its tasks: "
+                         f"{', '.join(categories.get(metric, [])) or 'not a category, nor a task in the rows'})")
+    kept, notes = [], []
+    for i, row in enumerate(rows, 1):
+        value = per_run.get((row.get("run_id"), int(row.get("r") or 1)))
+        if value is None:
+            notes.append(f"run {i}: dropped, no {metric} evaluation at its trained r = {row.get('r')}")
+        else:
+            kept.append(dict(row, val_loss=value, metric=metric, validation_loss=row.get("val_loss")))
+    return kept, notes
+
+
+def read_categories(path):
+    """{category: [task labels]} from a categories file (data/eval/categories.json's shape); ValueError if bad."""
+    try:
+        categories = json.loads(Path(path).read_text())["categories"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a categories file with a 'categories' map ({err!r})") from None
+    if not isinstance(categories, dict) or not all(isinstance(v, list) for v in categories.values()):
+        raise ValueError(f"{path}: 'categories' must map each category to a list of task labels")
+    return categories
 
 
 def _config_from_row(row, scale=None):
@@ -165,6 +235,21 @@ def budget_levels(budgets, rtol=0.02):
         groups[-1].append(i)
         level[i] = len(groups) - 1
     return level, np.array([float(np.median(budgets[g])) for g in groups])
+
+
+def category_losses(eval_rows, categories):
+    """The paper's category loss (App. I.1): the unweighted mean of its tasks' gold-continuation losses,
+    per (run_id, r) of evaluate.py's rows. `categories` maps a category to its task labels; a run counts
+    for a category only if it has a row for every one of them. Returns {(run_id, r): {category: loss}}."""
+    task_loss = {}
+    for row in eval_rows:
+        task_loss.setdefault((row["run_id"], int(row["r"])), {})[row["task"]] = float(row["loss"])
+    out = {}
+    for key, losses in task_loss.items():
+        for category, tasks in categories.items():
+            if tasks and all(task in losses for task in tasks):
+                out.setdefault(key, {})[category] = sum(losses[task] for task in tasks) / len(tasks)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -503,7 +588,7 @@ def equivalence(r, scale, phi, layout=None):
 
 def analyse(rows, restarts=500, boot=200, boot_restarts=16, seed=0, workers=1, delta=HUBER_DELTA):
     """Per-architecture fits, joint fit, restricted fits at phi = 0 and 1, residuals by r, budget halves,
-    bootstrap and frontier for one sweep (RECIPE §7). A dict; per_arch is keyed by arch_key."""
+    bootstrap and frontier for one sweep (§4.2–4.3). A dict; per_arch is keyed by arch_key."""
     groups, budgets = by_arch(rows), budget_levels([row["flops_budget"] for row in rows])[1]
     if len(budgets) < 2:
         raise ValueError("all runs share one compute budget; the laws need at least two")
@@ -609,7 +694,7 @@ def report(res, title, p=print):
 
 
 def report_delta_phi(res, other, name_a, name_b, p=print):
-    """delta-phi = phi(b) - phi(a), with the bootstrap CI where both sweeps have one (RECIPE §7)."""
+    """delta-phi = phi(b) - phi(a), with the bootstrap CI where both sweeps have one (§5: the diagnostic the paper proposes)."""
     if res["joint"] is None or other["joint"] is None:
         raise ValueError("--compare needs a joint-law fit of both sweeps")
     if res.get("bootstrap") and other.get("bootstrap"):
@@ -636,55 +721,112 @@ def report_equivalence(eq, p=print):
       f"  -> trains at the cost of a {_si(sf['N'])} non-looped model and reaches the loss of a {_si(sl['N'])} one")
 
 
-def make_plots(res, rows, outdir):
-    """isoflop.png (runs, laws along the width family, optima), pred_vs_actual.png, frontier.png."""
+MARKER_OF_R = {1: "o", 2: "s", 4: "^", 8: "D"}  # other loop counts: "v"
+
+
+def plot_isoflop(plt, res, rows, level, budgets, colours, title):
+    """One panel per architecture: its runs (colour = budget), its own law along the width family at
+    D = C / F(N) for every budget, and the law's compute-optimal N* (stars); y limited to the runs."""
+    from matplotlib.lines import Line2D
+    groups = by_arch(rows)
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 4.4), sharey=True, squeeze=False)
+    for ax, (key, grp) in zip(axes[0], groups.items()):
+        marker = MARKER_OF_R.get(key[0], "v")
+        levels = [lv for row, lv in zip(rows, level) if arch_key(row) == key]
+        ax.scatter([row["n_params"] for row in grp], [row["val_loss"] for row in grp],
+                   c=[colours[lv] for lv in levels], marker=marker, edgecolors="black", linewidths=0.4, zorder=3)
+        fit, fam = res["per_arch"].get(key), family_for_group(grp)
+        if fit is not None and fit["converged"] and fam is not None:
+            N = np.geomspace(0.6 * min(row["n_params"] for row in grp), 1.6 * max(row["n_params"] for row in grp), 200)
+            N = N[(N >= fam["N"][0]) & (N <= fam["N"][-1])]
+            for j, C in enumerate(budgets):
+                D = C / np.interp(N, fam["N"], fam["F"])
+                ax.plot(N, law_loss(fit, N, 0, 1, D), color=colours[j], lw=1)
+        stars = [pt for pt in res["frontier"] if pt["law"] == "per_arch" and arch_key(pt) == key]
+        ax.scatter([pt["N_star"] for pt in stars], [pt["L_star"] for pt in stars], marker="*", s=110,
+                   color="red", edgecolors="black", linewidths=0.4, zorder=4)
+        ax.set(xscale="log", title=arch_label(key), xlabel="non-embedding parameters N")
+    losses = [row["val_loss"] for row in rows]
+    margin = 0.08 * (max(losses) - min(losses)) + 0.01
+    axes[0][0].set_ylim(min(losses) - margin, max(losses) + margin)  # the curves rise far off the data
+    axes[0][0].set_ylabel("validation loss (nats)")
+    handles = [Line2D([], [], color=colours[j], lw=2, label=f"C = {C:.3g} FLOPs") for j, C in enumerate(budgets)]
+    handles.append(Line2D([], [], ls="", marker="o", color="grey", label="runs (marker = r, colour = C)"))
+    handles.append(Line2D([], [], ls="", marker="*", ms=11, color="red", label="law's compute-optimal N*"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+    fig.suptitle(f"{title}: validation loss at each budget; lines: each architecture's law at D = C / F(N)")
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    return fig
+
+
+def plot_pred_vs_actual(plt, res, rows, level, budgets, colours, title):
+    """Every run's loss against the joint law's prediction (else its architecture's law)."""
+    from matplotlib.lines import Line2D
+    fig, ax = plt.subplots(figsize=(5.6, 5.0))
+    handles = []
+    for key, grp in by_arch(rows).items():
+        law = res["joint"] or res["per_arch"].get(key)
+        if law is None or not law["converged"]:
+            continue
+        marker = MARKER_OF_R.get(key[0], "v")
+        levels = [lv for row, lv in zip(rows, level) if arch_key(row) == key]
+        if res["joint"]:
+            predicted = [law_loss(law, row["n_once"], row["n_rec"], row["r"], row["tokens"]) for row in grp]
+        else:
+            predicted = [law_loss(law, row["n_params"], 0, 1, row["tokens"]) for row in grp]
+        ax.scatter(predicted, [row["val_loss"] for row in grp], c=[colours[lv] for lv in levels], marker=marker,
+                   edgecolors="black", linewidths=0.4)
+        handles.append(Line2D([], [], ls="", marker=marker, color="grey", label=arch_label(key)))
+    handles += [Line2D([], [], color=colours[j], lw=3, label=f"C = {C:.3g}") for j, C in enumerate(budgets)]
+    lims = [min(row["val_loss"] for row in rows), max(row["val_loss"] for row in rows)]
+    ax.plot(lims, lims, "k--", lw=0.8)
+    law_name = "joint law" if res["joint"] else "per-architecture laws"
+    ax.set(xlabel=f"predicted loss, {law_name} (nats)", ylabel="actual validation loss (nats)",
+           title=f"{title}: {law_name}, predicted vs actual")
+    ax.legend(handles=handles, fontsize=7, title="marker = architecture, colour = budget", title_fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_frontier(plt, res, budgets, title):
+    """L*, N*, D* of each architecture's compute-optimal point against the budget (per-architecture laws)."""
+    from matplotlib.ticker import NullFormatter
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
+    keys = sorted({arch_key(pt) for pt in res["frontier"] if pt["law"] == "per_arch"})
+    for key in keys:
+        pts = [pt for pt in res["frontier"] if pt["law"] == "per_arch" and arch_key(pt) == key]
+        for ax, k in zip(axes, ("L_star", "N_star", "D_star")):
+            ax.plot([pt["budget"] for pt in pts], [pt[k] for pt in pts], marker=MARKER_OF_R.get(key[0], "v"),
+                    label=arch_label(key))
+    for ax, label in zip(axes, ("L* (nats)", "N* (non-embedding parameters)", "D* (tokens)")):
+        ax.set(xlabel="compute C (FLOPs)", ylabel=label)
+        if keys:  # a grid too small for per-architecture laws has no frontier: keep linear axes
+            ax.set_xscale("log")
+            if label[0] != "L":
+                ax.set_yscale("log")
+            ax.set_xticks(budgets, [f"{C:.2g}" for C in budgets])  # the budgets themselves, no crowded minor labels
+            ax.xaxis.set_minor_formatter(NullFormatter())
+    if keys:
+        axes[0].legend(fontsize=7)
+    fig.suptitle(f"{title}: compute-optimal frontier per architecture (its own law)")
+    fig.tight_layout()
+    return fig
+
+
+def make_plots(res, rows, outdir, title):
+    """isoflop.png, pred_vs_actual.png and frontier.png in outdir; `title` names the grid."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     level, budgets = budget_levels([row["flops_budget"] for row in rows])
-    colour = lambda lv: plt.get_cmap("viridis")(lv / max(1, len(budgets) - 1))  # noqa: E731
-    groups = by_arch(rows)
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.8), sharey=True, squeeze=False)
-    fig2, ax2 = plt.subplots(figsize=(4.6, 4.4))
-    fig3, axes3 = plt.subplots(1, 3, figsize=(13, 3.8))
-    for ax, (key, grp) in zip(axes[0], groups.items()):
-        fit, law = res["per_arch"].get(key), res["joint"] or res["per_arch"].get(key)
-        mark, lv = "os^D"[min(3, key[0].bit_length() - 1)], [lv for row, lv in zip(rows, level) if arch_key(row) == key]
-        ax.scatter([row["n_params"] for row in grp], [row["val_loss"] for row in grp], c=[colour(v) for v in lv],
-                   marker=mark)
-        if law is not None and law["converged"]:
-            n = [(row["n_once"], row["n_rec"]) if res["joint"] else (row["n_params"], 0) for row in grp]
-            ax2.scatter([law_loss(law, *nn, row["r"], row["tokens"]) for nn, row in zip(n, grp)],
-                        [row["val_loss"] for row in grp], c=[colour(v) for v in lv], marker=mark, label=arch_label(key))
-        fam = family_for_group(grp)
-        if fit is not None and fit["converged"] and fam is not None:
-            N = np.geomspace(0.6 * min(row["n_params"] for row in grp), 1.6 * max(row["n_params"] for row in grp), 200)
-            N = N[(N >= fam["N"][0]) & (N <= fam["N"][-1])]
-            for j, C in enumerate(budgets):  # the law at D = C / F(N)
-                ax.plot(N, law_loss(fit, N, 0, 1, C / np.interp(N, fam["N"], fam["F"])), color=colour(j), lw=1,
-                        label=f"C = {C:.3g}")
-        pts = [pt for pt in res["frontier"] if pt["law"] == "per_arch" and arch_key(pt) == key]  # by budget
-        ax.scatter([pt["N_star"] for pt in pts], [pt["L_star"] for pt in pts], marker="*", s=90, color="red")
-        ax.set(xscale="log", title=arch_label(key), xlabel="non-embedding parameters N")
-        for ax3, k in zip(axes3, ("L_star", "N_star", "D_star")):
-            ax3.plot([pt["budget"] for pt in pts], [pt[k] for pt in pts], marker=mark, label=arch_label(key))
-    axes[0][0].set_ylabel("validation loss (nats)")
-    axes[0][-1].legend(fontsize=7)
-    lims = [min(row["val_loss"] for row in rows), max(row["val_loss"] for row in rows)]
-    ax2.plot(lims, lims, "k--", lw=0.8)
-    ax2.set(xlabel="predicted loss (nats)", ylabel="actual loss (nats)", title="joint" if res["joint"] else "per-arch")
-    for ax3, lab in zip(axes3, ("L* (nats)", "N*", "D* (tokens)")):
-        ax3.set(xlabel="compute C (FLOPs)", ylabel=lab)
-        if any(len(line.get_xdata()) for line in ax3.get_lines()):  # a grid too small for per-r laws has no frontier
-            ax3.set(xscale="log", yscale="linear" if lab[0] == "L" else "log")
-    for ax in (ax2, axes3[0]):
-        ax.legend(fontsize=7)
-    names = ["isoflop.png", "pred_vs_actual.png", "frontier.png"]
-    for f, name in zip((fig, fig2, fig3), names):
-        f.tight_layout()
-        f.savefig(Path(outdir) / name, dpi=120)
+    colours = [plt.get_cmap("viridis")(j / max(1, len(budgets) - 1)) for j in range(len(budgets))]
+    figures = {"isoflop.png": plot_isoflop(plt, res, rows, level, budgets, colours, title),
+               "pred_vs_actual.png": plot_pred_vs_actual(plt, res, rows, level, budgets, colours, title),
+               "frontier.png": plot_frontier(plt, res, budgets, title)}
+    for name, fig in figures.items():
+        fig.savefig(Path(outdir) / name, dpi=120)
     plt.close("all")
-    return names
+    return list(figures)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -722,7 +864,16 @@ def parse_args(argv=None):
     p.add_argument("--equiv", nargs=2, type=at_least_1, metavar=("R", "S"),
                    help="equivalence calculator for a looped model with r = R at width s = S")
     p.add_argument("--phi", type=_arg(float, math.isfinite, "a finite number"), help="phi for --equiv (else fitted)")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="fit or compare runs of another vocab, seq len, depth, dataset or eval rows all the same")
+    g = p.add_argument_group("downstream loss instead of validation loss (App. I)")
+    g.add_argument("--evals", metavar="FILE", help="evaluate.py's rows (joined to the runs by run_id)")
+    g.add_argument("--metric", help="a category of --categories (e.g. reading_comp) or a task label")
+    g.add_argument("--categories", metavar="FILE", default=str(DEFAULT_CATEGORIES),
+                   help="the task -> category map (default data/eval/categories.json)")
     args = p.parse_args(argv)
+    if bool(args.evals) != bool(args.metric):
+        p.error("--evals and --metric go together")
     if (args.results is None and not args.equiv) or (args.compare and not args.results):
         p.error("give a results file (or --equiv R S --phi X)")
     if args.results is None and args.equiv and args.phi is None:
@@ -731,7 +882,7 @@ def parse_args(argv=None):
 
 
 def check_writable(path, folder):
-    """Refuse an output path before any compute (issue 12): create the folder, write a scratch file."""
+    """Refuse an output path before any compute: create the folder, write a scratch file."""
     where = Path(path) if folder else Path(path).parent
     try:
         where.mkdir(parents=True, exist_ok=True)
@@ -742,14 +893,28 @@ def check_writable(path, folder):
         raise ValueError(f"cannot write {path}: {err.strerror or err}") from None
 
 
-def load_sweep(path, only_r=None):
-    """Fit-ready rows of one results file (unusable ones dropped, one stderr line each) and notes."""
+def load_sweep(path, only_r=None, allow_mixed=False, metric=None):
+    """Fit-ready rows of one results file (unusable ones dropped, one stderr line each) and notes. `metric`:
+    (name, evaluation rows, categories) to fit a downstream loss instead of the validation loss."""
     rows, dropped = drop_unusable(load_results(path))
+    if metric is not None:
+        rows, missing = with_metric(rows, *metric)
+        dropped += missing
     for note in dropped:
         print(f"fit_laws.py: {path} {note}", file=sys.stderr)
-    if not (rows := [row for row in prepare_rows(rows, str(path)) if not only_r or row["r"] in only_r]):
+    rows = [row for row in prepare_rows(rows, str(path)) if not only_r or row["r"] in only_r]
+    if not rows:
         raise ValueError(f"{path}: no runs left to fit")
-    return rows, [f"{len(dropped)} rows dropped, see stderr"] * bool(dropped)
+    mixed = mixed_settings(rows)
+    if mixed and not allow_mixed:
+        raise ValueError(f"{path}: its runs differ in {'; '.join(mixed)}: one law over them mixes losses that are "
+                         f"not comparable (fit each sweep on its own, or pass --allow-mixed)")
+    notes = []
+    if dropped:
+        notes.append(f"{len(dropped)} rows dropped, see stderr")
+    if metric is not None:
+        notes.append(f"the loss fitted is {metric[0]} (downstream, App. I), not the validation loss")
+    return rows, notes
 
 
 def json_ready(res):
@@ -762,13 +927,33 @@ def json_ready(res):
             "joint": res["joint"] and {**strip(res["joint"]), **{k: boot.get(k) for k in boot if k.endswith("_ci")}}}
 
 
+def plot_title(results):
+    """The grid a results file belongs to: sweep.sh writes OUT/results.jsonl, OUT named after the grid."""
+    path = Path(results)
+    if path.name == "results.jsonl":
+        return path.parent.name
+    return path.stem
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
         for path, folder in ((args.json, False), (args.plots, True)):
             if path:
                 check_writable(path, folder)
-        sweeps = [(path, *load_sweep(path, args.only_r)) for path in (args.results, args.compare) if path]
+        metric = None
+        if args.metric:
+            eval_rows = [row for row in load_results(args.evals) if "unreadable" not in row]
+            metric = (args.metric, eval_rows, read_categories(args.categories))
+        sweeps = []
+        for path in (args.results, args.compare):
+            if path:
+                sweeps.append((path, *load_sweep(path, args.only_r, args.allow_mixed, metric)))
+        if len(sweeps) == 2 and not args.allow_mixed:
+            mixed = mixed_settings(sweeps[0][1] + sweeps[1][1])
+            if mixed:
+                raise ValueError(f"{args.results} and {args.compare} differ in {'; '.join(mixed)}: a delta-phi "
+                                 f"between them is not the loop mechanism's (pass --allow-mixed to compare anyway)")
         fits, out = [], {}  # every input was read and checked above; the compute starts here
         for k, (path, rows, notes) in enumerate(sweeps):
             fits.append(analyse(rows, args.restarts, args.bootstrap, 16, args.seed + 1_000_003 * k, args.workers))
@@ -790,10 +975,14 @@ def main(argv=None):
             Path(args.json).write_text(json.dumps(out, indent=1, default=float))
             print(f"\nwrote {args.json}")
         if args.plots and fits:
-            print(f"wrote {', '.join(make_plots(fits[0], sweeps[0][1], args.plots))} to {args.plots}")
+            names = make_plots(fits[0], sweeps[0][1], args.plots, plot_title(args.results))
+            print(f"wrote {', '.join(names)} to {args.plots}")
     except ValueError as err:
         print(f"fit_laws.py: {err}", file=sys.stderr)
         sys.exit(2)
+    except OSError as err:  # checked writable above, but a disk can fill up during the fits
+        print(f"fit_laws.py: could not write {err.filename} ({err.strerror or err})", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
