@@ -11,7 +11,7 @@ torch's FlopCounterMode). Pure Python, no torch: fit_laws.py and sweep.sh import
     ./sweep.sh --grid paper --plan                        # pipes "name|train.py flags" lines into
     python flops.py --plan --data DIR [--results F]       #   this: table, total, wall time, data check
 
-Conventions (RECIPE §2-3, paper §3.1):
+Conventions (paper §3.1; truncate-or-not App. D.1 for truncated loops):
   n_b  = 12 d^2 + 2d per block (4 attention + 2 MLP matrices, two block norms)
   N    = N_once + N_rec, embeddings excluded, the three model-level norms (3d) included
   F    = 6 (P_prelude + P_coda + P_lm_head) + (2f + 6k)(P_recur + P_inj)
@@ -66,10 +66,12 @@ class ModelConfig:
             self.r_bwd = self.r
         if not 1 <= self.r_bwd <= self.r:
             raise ValueError(f"--r-bwd must be in 1..r={self.r}, got {self.r_bwd}")
+        # The resolved plain stack (what asdict() of an r = 1 config holds) builds the same config again.
+        resolved_plain = self.r == 1 and self.prelude == 0 and self.coda == 0 and self.injection == "none"
         if self.r == 1 and self.recur == 0:
             # r = 1 is a plain stack of `depth` layers: no prelude/coda split, no injection.
             self.prelude, self.coda, self.recur, self.injection = 0, 0, self.depth, "none"
-        elif self.injection not in INJECTIONS:
+        elif self.injection not in INJECTIONS and not resolved_plain:
             raise ValueError(f"--injection must be one of {'|'.join(INJECTIONS)}, got {self.injection!r}")
         if self.prelude < 0 or self.coda < 0:
             raise ValueError("--prelude and --coda must be >= 0")
@@ -81,8 +83,11 @@ class ModelConfig:
             self.recur = n_shared // self.r
         self.depth = self.prelude + self.r * self.recur + self.coda
         if self.d_model % self.head_dim:
+            hint = f"choose --scale so that 64*scale is a multiple of {self.head_dim}, or another --head-dim"
+            if self.head_dim == 128:
+                hint = "use an even --scale with head dim 128"
             raise ValueError(f"width d=64*{self.scale:g}={self.d_model} is not a multiple of head dim "
-                             f"{self.head_dim} (use an even --scale with head dim 128)")
+                             f"{self.head_dim} ({hint})")
         if self.injection == "hyper" and self.r_bwd < self.r:
             raise ValueError("hyper injection needs full BPTT: the early steps' alpha/M/beta would get no "
                              "gradient with --r-bwd < --r")
@@ -129,7 +134,7 @@ def param_counts(cfg):
     d = cfg.d_model
     n_b = block_params(d)
     # The three model-level norms (3d) are booked in N_once: this reproduces the paper's reference
-    # horizon D_ref = 10 * (N_once + r * N_rec) = 1,016,083,200 tokens at s = 10, r = 4 (RECIPE §4).
+    # horizon D_ref = 10 * (N_once + r * N_rec) = 1,016,083,200 tokens at s = 10, r = 4 (App. E).
     n_once = (cfg.prelude + cfg.coda) * n_b + 3 * d
     n_rec = cfg.recur * n_b + injection_params(cfg)
     n_embedding = 2 * cfg.padded_vocab * d  # wte and the untied lm_head
@@ -138,7 +143,7 @@ def param_counts(cfg):
 
 
 def flops_breakdown(cfg):
-    """Training FLOPs per token split into the RECIPE §3 terms. `matmul` (weight matrices, lm_head,
+    """Training FLOPs per token split into the terms of F below. `matmul` (weight matrices, lm_head,
     injection) and `attention` (QK^T and AV) are real matmuls: together they equal what
     torch.utils.flop_counter measures on a forward+backward. `norm_scales` is the 6 FLOPs/param
     convention applied to the block norms' 2d parameters, which the paper's P_* include."""
@@ -160,7 +165,7 @@ def flops_breakdown(cfg):
 
 
 def flops_per_token(cfg):
-    """Training FLOPs per token (forward + backward), RECIPE §3 / truncate-or-not App. D.1:
+    """Training FLOPs per token (forward + backward), §3.1 / truncate-or-not App. D.1:
     F = 6 (P_prelude + P_coda + P_lm_head) + (2f + 6k)(P_recur + P_inj) + attention."""
     return sum(flops_breakdown(cfg).values())
 
@@ -172,7 +177,7 @@ def effective_params(n_once, n_rec, r, phi):
 
 def reference_horizon(looped=True):
     """D_ref of the LR transfer rule: 10 x effective (phi = 1) params of the s = 10 reference model,
-    r = 4 with linear injection for looped runs, r = 1 for the plain baseline (RECIPE §4)."""
+    r = 4 with linear injection for looped runs, r = 1 for the plain baseline (App. E)."""
     counts = param_counts(ModelConfig(r=4 if looped else 1, scale=10))
     return 10 * effective_params(counts["n_once"], counts["n_rec"], 4 if looped else 1, 1.0)
 
@@ -293,34 +298,35 @@ def budget_args(parser):
 
 
 def read_data_meta(data_dir):
-    """vocab, seq-len, training tokens and training files of a prepared dataset, or None when there is
-    none yet. Only meta.json is read (no checksum pass: train.py verifies the data when it starts)."""
-    path = os.path.join(data_dir, "meta.json")
-    if not os.path.exists(path):
+    """A prepared dataset's meta.json through prepare_data.read_meta (the one reader: a damaged file is one
+    line naming it; no checksum pass, train.py verifies the data when it starts), or None if there is none.
+    prepare_data is imported here, not at the top: the rest of flops.py is pure Python."""
+    if not data_dir or not os.path.exists(os.path.join(data_dir, "meta.json")):
         return None
-    try:
-        meta = json.load(open(path))
-        # Source files are meta["settings"]["sources"]; whole validation files are split["val_files"]
-        # (with --val-fraction every file is partly training data).
-        sources = meta.get("settings", {}).get("sources", [])
-        val_files = meta.get("split", {}).get("val_files", [])
-        return {key: meta[key] for key in ("vocab_size", "seq_len", "train_tokens")} | {
-            "train_files": len(sources) - len(val_files)}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{path} is unreadable or misses a key ({e!r}): rebuild with prepare_data.py")
+    from prepare_data import read_meta
+    return read_meta(data_dir, verify=False)
+
+
+def training_files(meta):
+    """How many source files hold training data: every source but the whole validation files (with
+    --val-fraction every file is partly training data)."""
+    sources = meta.get("settings", {}).get("sources", [])
+    val_files = meta.get("split", {}).get("val_files", [])
+    return len(sources) - len(val_files)
 
 
 def data_shortfall(max_tokens, meta, data_dir):
     """One line saying how far the prepared data falls short of the largest run, or None if it covers it.
     A run that reads more tokens than the training split repeats data (a second epoch), which the
-    scaling law does not model (RECIPE §5). Tokens per shard are this dataset's own (after packing)."""
+    scaling law does not model (the paper trains on unique tokens, §4.1). Tokens per shard are this dataset's own (after packing)."""
     have = meta["train_tokens"]
     if max_tokens <= have:
         return None
     msg = f"the largest run reads {max_tokens:,} tokens but {data_dir} holds {have:,} training tokens"
-    if meta["train_files"] > 0:
-        per_file = have / meta["train_files"]
-        msg += (f" ({meta['train_files']} training shard(s), ~{per_file / 1e6:.1f}M tokens each): prepare "
+    n_files = training_files(meta)
+    if n_files > 0:
+        per_file = have / n_files
+        msg += (f" ({n_files} training shard(s), ~{per_file / 1e6:.1f}M tokens each): prepare "
                 f">= {math.ceil(max_tokens / per_file)} training shards (prepare_data.py --shards N)")
     else:
         msg += f": prepare {max_tokens / have:.1f}x more training data"
@@ -347,7 +353,7 @@ def achieved_rate(results):
 def plan(lines, data_dir, results, flops_per_s):
     """Price a sweep plan: one "name|train.py flags" line per run (sweep.sh writes them). Prints the
     table, the total compute and a wall-time estimate; returns an exit status (2: the data is short)."""
-    meta = read_data_meta(data_dir) if data_dir else None
+    meta = read_data_meta(data_dir)
     parser = argparse.ArgumentParser(prog="flops.py --plan", add_help=False)
     add_model_args(parser)
     budget_args(parser)

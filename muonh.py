@@ -1,5 +1,5 @@
 """
-MuonH, the AdamW side of the optimiser split, and the learning-rate rule (RECIPE §4).
+MuonH, the AdamW side of the optimiser split, and the learning-rate rule (paper §4.1, App. E).
 
 Every 2-D matrix inside the blocks (and the injection matrix W_inj) is trained by MuonH: an
 orthogonalised, Nesterov-momentum update whose size is a fixed fraction `lr` of the matrix's
@@ -26,7 +26,7 @@ import torch.distributed as dist
 from flops import finite_float, positive_int
 
 # ---------------------------------------------------------------------------------------------
-# Constants of the recipe (RECIPE §4, paper App. E)
+# Constants of the recipe (paper §4.1, App. E)
 
 REF_WIDTH = 640              # d_0: width of the s = 10 reference model
 REF_BATCH_TOKENS = 2 ** 18   # B_0: reference batch in tokens
@@ -143,7 +143,7 @@ def orthogonalise(updates, coefficients=POLAR_EXPRESS_COEFFICIENTS, compute_dtyp
 
 
 class MuonH(torch.optim.Optimizer):
-    """Muon on the Frobenius sphere ("hyperspherical" Muon), RECIPE §4, for 2-D parameters only.
+    """Muon on the Frobenius sphere ("hyperspherical" Muon), §4.1 / App. E, for 2-D parameters only.
 
     Per matrix W with gradient G, every step:
         m <- mu m + (1 - mu) G;   U = (1 - mu) G + mu m          (Nesterov, mu = momentum)
@@ -151,7 +151,7 @@ class MuonH(torch.optim.Optimizer):
         W <- W - lr R O / ||O||_F                                (so ||dW||_F / ||W||_F = lr)
         W <- R W / ||W||_F                                       (back onto the sphere)
     where R = ||W_0||_F is recorded at the first step. There is no weight decay: on the sphere it
-    would only shrink W radially and the projection would undo it (RECIPE §4).
+    would only shrink W radially and the projection would undo it (App. E).
 
     Matrices of equal shape (across all param groups) are orthogonalised as one batched matmul
     chain. ns_coefficients: "polar_express" (default), "quintic" or an explicit sequence of
@@ -270,7 +270,7 @@ def build_optimizers(param_groups, lrs, **muonh_kwargs):
                    for name, params in param_groups.items() if name != "matrix" and len(params)]
     adamw = None
     if adam_groups:
-        # Betas, eps and zero weight decay are the paper's AdamW settings (RECIPE §4, App. E).
+        # Betas, eps and zero weight decay are the paper's AdamW settings (App. E).
         adamw = torch.optim.AdamW(adam_groups, betas=ADAMW_BETAS, eps=ADAMW_EPS, weight_decay=0.0)
     return muon, adamw
 
@@ -281,14 +281,14 @@ def build_optimizers(param_groups, lrs, **muonh_kwargs):
 
 def learning_rates(d_model, batch_tokens, tokens, tokens_ref, base_lrs=BASE_LRS, batch_exp=0.558,
                    data_exp=0.32, width_exp=0.5, ref_width=REF_WIDTH, ref_batch=REF_BATCH_TOKENS):
-    """Peak learning rate of every parameter group (RECIPE §4, paper App. E: muP + HyperP).
+    """Peak learning rate of every parameter group (paper App. E: muP + HyperP).
 
     MuonH:  base * (B/B0)^batch_exp * (D/D_ref)^(-data_exp). No width factor: the update is
             normalised to a fixed fraction of ||W||_F, which is already width-invariant.
     AdamW:  base * (d/d0)^(-width_exp); embedding and unembedding also * (B/B0)^batch_exp; norms
             and hyperconnections get no batch factor; AdamW gets no data factor.
     tokens_ref (D_ref) comes from flops.reference_horizon(): 1,016,083,200 tokens for looped runs,
-    983,315,200 for r = 1. ref_width / ref_batch (tokens) re-anchor the rule (RECIPE §6, CPU grid).
+    983,315,200 for r = 1. ref_width / ref_batch (tokens) re-anchor the rule (the CPU grid, as App. E anchors the paper at s = 10).
     """
     if min(d_model, batch_tokens, tokens, tokens_ref, ref_width, ref_batch) <= 0:
         raise ValueError("learning_rates: widths, batch and token counts must be positive")
@@ -329,7 +329,7 @@ def lr_settings(args):
 
 
 def lr_multiplier(step, total_steps, final_frac=0.1):
-    """Schedule (RECIPE §4): no warmup, linear decay from 1.0 at step 0 to final_frac at the last
+    """Schedule (App. E): no warmup, linear decay from 1.0 at step 0 to final_frac at the last
     step (total_steps - 1); clamped at final_frac beyond it."""
     if total_steps < 1 or step < 0:
         raise ValueError(f"lr_multiplier needs total_steps >= 1 and step >= 0, got {step}/{total_steps}")

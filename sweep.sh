@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# sweep.sh — plan, run, resume and fit an iso-depth grid (paper §4.1, Table 7; RECIPE §6-7).
+# sweep.sh — plan, run, resume and fit an iso-depth grid (paper §4.1, Table 7; fits §4.2-4.3).
 #
 #   ./sweep.sh --grid paper --plan                     # every run, its FLOPs, tokens, the total, the data check
 #   ./sweep.sh --grid paper                            # run it on this node's GPUs, then fit
@@ -9,19 +9,20 @@
 #
 # Grids: paper (Table 7, 116 runs), trunc and hyper (the case studies, r_bwd = ceil(r/2) and K = 2
 # hyperconnections at the four lowest budgets, reusing paper's r = 1 runs), depth18, depth24 (App. G.4),
-# cpu-micro with cpu-micro-trunc, -hyper (the case studies), -layout (layout-matched r = 1) and -lr
-# (each r at its own MuonH LR), smoke.
+# cpu-micro with cpu-micro-trunc, -hyper (the case studies), -layout (layout-matched r = 1), -lr
+# (each r at its own MuonH LR) and -seeds (seeds 1, 2 of each r's best run at the largest budget), smoke.
 #
 # train.py is called for every planned run and decides from the results file whether the run is
-# already done (same run identity), reuses a finished identical run of another grid beside OUT
-# (--reuse-from: the r = 1 baselines that trunc/hyper share with paper), resumes a checkpoint, or
-# trains. A failing run is logged and the others go on; a run locked by another live process is
+# already done (same run identity), restores a finished run's missing row from its final.json,
+# reuses a finished identical run of another grid beside OUT (--reuse-from: the r = 1 baselines that
+# trunc/hyper share with paper), resumes a checkpoint, or trains. A failing run is logged and the others go on; a run locked by another live process is
 # counted as busy. Before any run starts, the plan is priced by flops.py and refused when the
 # prepared data holds fewer training tokens than the largest run reads (ALLOW_REPEAT=1 overrides).
 #
 # Environment: GPUS (default: all visible, 0 on CPU), GPUS_PER_RUN (default: GPUS, at least 1),
 # CPU_JOBS (runs at once without GPUs, default 1; each gets cores/CPU_JOBS threads),
-# OUT (default runs/<grid>), DATA (default per grid), PYTHON (default python3), ALLOW_REPEAT=1.
+# OUT (default runs/<grid>), DATA (default per grid; the CPU grids and smoke build theirs from data/ when
+# it is missing), PYTHON (default python3), ALLOW_REPEAT=1.
 set -uo pipefail
 cd "$(dirname "$0")"
 
@@ -65,12 +66,17 @@ CPU_HYPER_EXTRA_CELLS=("1.1e12:0.5")
 # and r = 4 best at 0.014 where r = 1 and r = 8 are best at the grid's 0.056 (at one cell; across the grid
 # it changes r = 2 and 4 by no more than their seed noise). r = 1 and r = 8 are reused.
 CPU_MICRO_LR_PER_R=("2:0.014" "4:0.014")
+# cpu-micro-seeds repeats, with seeds 1 and 2, each r's best width at the largest budget in cpu-micro (its
+# committed seed-0 rows: d = 32, 24, 24, 32): the run-to-run spread of validation and downstream losses
+# that the paper judges with three seeds at its largest budget (App. I, Table 10). "budget:r:width".
+CPU_MICRO_SEED_RUNS=("5e12:1:0.5" "5e12:2:0.375" "5e12:4:0.375" "5e12:8:0.5")
+CPU_MICRO_SEEDS="1 2"
 SMOKE_CELLS=("3e9:0.25 0.5" "1e10:0.25 0.5")
 PAPER_R="1 2 4 8"
 
 # Train flags per grid (model shape, data, LR re-anchoring for the CPU scale).
-# The GPU grids evaluate every run on the paper's 34,560 validation rows (~70.8M tokens, RECIPE §5).
-# The LR rule is re-anchored at the micro reference (d = 32, B = 2048, D = 5e5; RECIPE §6) with the
+# The GPU grids evaluate every run on the paper's 34,560 validation rows (~70.8M tokens, §4.1).
+# The LR rule is re-anchored at the micro reference (d = 32, B = 2048, D = 5e5, as App. E anchors the paper at s = 10) with the
 # MuonH base LR 0.056 from dev/calibrate_micro_lr.sh (best for r = 1, 2nd-best of six for r = 4, see
 # dev/results/lr_calibration.txt); the exponents and AdamW bases stay the paper's.
 GPU_FLAGS="--eval-rows 34560"
@@ -104,6 +110,16 @@ values_for() { local key="$1" e out=""; shift; for e in "$@"; do [ "${e%%:*}" = 
 # One line per run: name | train.py flags (without data/out/results).
 plan_lines() {
   local cells=() extra=() rs="$PAPER_R" flags="$GPU_FLAGS" variant="" tag=""
+  if [ "$GRID" = cpu-micro-seeds ]; then  # a list of runs, not cells: each r at its own width
+    local run budget r s seed
+    for run in "${CPU_MICRO_SEED_RUNS[@]}"; do
+      IFS=: read -r budget r s <<< "$run"
+      for seed in $CPU_MICRO_SEEDS; do
+        echo "r${r}_s${s}_C${budget}_seed${seed}_micro|--r $r --scale $s --flops $budget $CPU_MICRO_FLAGS --seed $seed"
+      done
+    done
+    return 0
+  fi
   case "$GRID" in
     paper)     cells=("${PAPER_CELLS[@]}") ;;
     trunc)     cells=("${CASE_STUDY_CELLS[@]}"); extra=("${TRUNC_EXTRA_CELLS[@]}"); variant=trunc ;;
@@ -115,7 +131,7 @@ plan_lines() {
                if [ "$variant" = trunc ]; then extra=("${CPU_TRUNC_EXTRA_CELLS[@]}"); fi
                if [ "$variant" = hyper ]; then extra=("${CPU_HYPER_EXTRA_CELLS[@]}"); fi ;;
     smoke)     cells=("${SMOKE_CELLS[@]}"); flags="$SMOKE_FLAGS"; rs="1 2 4"; tag=_smoke ;;
-    *) echo "sweep.sh: unknown grid '$GRID' (paper|trunc|hyper|depth18|depth24|cpu-micro|cpu-micro-trunc|cpu-micro-hyper|cpu-micro-layout|cpu-micro-lr|smoke)" >&2; return 2 ;;
+    *) echo "sweep.sh: unknown grid '$GRID' (paper|trunc|hyper|depth18|depth24|cpu-micro|cpu-micro-trunc|cpu-micro-hyper|cpu-micro-layout|cpu-micro-lr|cpu-micro-seeds|smoke)" >&2; return 2 ;;
   esac
   local cell budget s r more arch name lr
   for cell in "${cells[@]}"; do
@@ -150,6 +166,17 @@ default_data() {
   esac
 }
 DATA="${DATA:-$(default_data)}"
+
+# How each grid's data is built (prepare_data.py flags). The CPU grids and smoke read sources the
+# repository ships (data/), so a missing $DATA is built before the first run; the GPU grids download
+# FineWeb-Edu (~2 GB a shard), which the sweep only names.
+data_command() {
+  case "$GRID" in
+    cpu-micro*) echo "prepare_data.py --source data/micro-corpus --vocab-size 2048 --seq-len 128 --val-fraction 0.02 --out $DATA" ;;
+    smoke) echo "prepare_data.py --source data/fineweb-edu-sample/shard_00000.parquet data/fineweb-edu-sample/shard_00001.parquet --val-shards 1 --vocab-size 512 --seq-len 64 --out $DATA" ;;
+    *) echo "prepare_data.py --shards 205 --out $DATA" ;;
+  esac
+}
 
 mapfile -t LINES < <(plan_lines) || exit 2
 [ "${#LINES[@]}" -gt 0 ] || exit 2
@@ -212,7 +239,17 @@ if [ "$MODE" = print ]; then
   exit 0
 fi
 
-[ -f "$DATA/meta.json" ] || { echo "sweep.sh: $DATA/meta.json not found; build it with prepare_data.py (see README)" >&2; exit 2; }
+if [ ! -f "$DATA/meta.json" ]; then
+  case "$GRID" in
+    cpu-micro*|smoke)
+      echo "sweep.sh: $DATA/meta.json not found; building it from the repository's data: $PYTHON $(data_command)"
+      "$PYTHON" $(data_command) || exit 2 ;;
+    *)
+      echo "sweep.sh: $DATA/meta.json not found; build it first: $PYTHON $(data_command)" \
+           "(the paper grid's 205 shards; README 'Reproducing the paper' lists the other grids')" >&2
+      exit 2 ;;
+  esac
+fi
 mkdir -p "$OUT/runs" "$OUT/logs" || exit 2
 # Price the plan and check the data budget before any run starts; the table is kept with the results.
 price_plan > "$OUT/plan.txt" || exit 2
@@ -225,6 +262,7 @@ BUSY=()
 TRAINED=0
 DONE=0
 REUSED=0
+RESTORED=0
 
 reap() {  # collect finished runs; one failure is recorded and the sweep goes on
   local i pid rc name said
@@ -234,10 +272,11 @@ reap() {  # collect finished runs; one failure is recorded and the sweep goes on
       wait "$pid"; rc=$?
       name="${SLOT_NAME[$i]}"
       # What train.py said this time (the log is appended to, so read only the new part).
-      said=$(tail -c +$(( SLOT_LOGSIZE[i] + 1 )) "$OUT/logs/$name.log" | grep -oE -m 1 '(already done|reused|busy):')
+      said=$(tail -c +$(( SLOT_LOGSIZE[i] + 1 )) "$OUT/logs/$name.log" | grep -oE -m 1 '(already done|reused|restored|busy):')
       case "$rc:$said" in
         0:"already done:") DONE=$((DONE + 1)) ;;
         0:reused:) REUSED=$((REUSED + 1)); echo "[$(date +%H:%M:%S)] reused $name" ;;
+        0:restored:) RESTORED=$((RESTORED + 1)); echo "[$(date +%H:%M:%S)] restored $name (its row, from final.json)" ;;
         0:*) TRAINED=$((TRAINED + 1)); echo "[$(date +%H:%M:%S)] done $name" ;;
         75:*) BUSY+=("$name"); echo "[$(date +%H:%M:%S)] busy $name (another process is training it)" ;;
         *) FAILED+=("$name (exit $rc, log $OUT/logs/$name.log)"); echo "[$(date +%H:%M:%S)] FAILED $name (exit $rc)" ;;
@@ -276,10 +315,13 @@ done
 while [ -n "$(printf '%s' "${SLOT_PID[@]:-}")" ]; do reap; sleep 1; done
 
 echo "sweep $GRID: ${#LINES[@]} configurations: $TRAINED trained now, $DONE already done, $REUSED reused," \
-     "${#BUSY[@]} busy, ${#FAILED[@]} failed"
+     "$RESTORED restored, ${#BUSY[@]} busy, ${#FAILED[@]} failed"
 for b in "${BUSY[@]}"; do echo "  busy (locked by another live process; rerun later): $b"; done
 for f in "${FAILED[@]}"; do echo "  failed: $f"; done
 
+if [ "$GRID" = cpu-micro-seeds ]; then
+  NO_FIT=1  # one budget: no law to fit; dev/study_tables.py reads the seed spread
+fi
 if [ -z "${NO_FIT:-}" ]; then
   mkdir -p "$OUT/fit"
   if "$PYTHON" fit_laws.py "$RESULTS" --json "$OUT/fit/fit.json" --plots "$OUT/fit" > "$OUT/fit/report.txt" 2> "$OUT/fit/fit.err"; then

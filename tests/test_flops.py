@@ -1,5 +1,5 @@
 """flops.py is the accounting the scaling law is fitted on: these tests pin it to the paper's numbers
-(§3.1, RECIPE §2-3) and to the instantiated model."""
+(§3.1, truncate-or-not App. D.1) and to the instantiated model."""
 import json
 import math
 import os
@@ -14,6 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import flops
+from conftest import meta_only_dataset
 from flops import ModelConfig
 from model import GPT
 
@@ -130,7 +131,7 @@ def test_mfu_uses_same_flops():
     (["--r", "4", "--r-bwd", "2", "--injection", "hyper"], "full BPTT"),
     (["--r", "4", "--r-bwd", "5"], "r-bwd"),
     (["--r", "4", "--injection", "bogus"], "invalid choice"),
-    # issue 12 item 7: a traceback (ZeroDivisionError) or silently accepted before
+    # each was once a traceback (ZeroDivisionError) or silently accepted
     (["--head-dim", "0"], "argument --head-dim: invalid integer >= 1 value: '0'"),
     (["--seq-len", "0"], "argument --seq-len: invalid integer >= 1 value: '0'"),
     (["--phi", "nan"], "argument --phi: invalid finite number value: 'nan'"),
@@ -160,10 +161,10 @@ def plan_cli(lines, *args, env=None):
 
 
 def test_plan_prices_each_line_with_the_datas_vocab_and_estimates_wall_time(tmp_path):
-    """sweep.sh --plan pipes "name|train.py flags" lines into flops.py --plan (issue 14: no Python in
-    sweep.sh). Train-only flags are ignored; vocab/seq-len come from the data's meta.json; the wall time
+    """sweep.sh --plan pipes "name|train.py flags" lines into flops.py --plan (so sweep.sh holds no
+    Python). Train-only flags are ignored; vocab/seq-len come from the data's meta.json; the wall time
     from --flops-per-s or from the achieved rate of the rows already in a results file."""
-    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 2048, "seq_len": 128, "train_tokens": 10 ** 9}))
+    meta_only_dataset(tmp_path, vocab_size=2048, seq_len=128, train_tokens=10 ** 9)
     lines = ["a|--r 1 --scale 0.5 --flops 2e12 --head-dim 8 --batch-tokens 2048 --eval-rows 1024",
              "b|--r 4 --scale 0.5 --flops 2e12 --head-dim 8 --batch-tokens 2048 --lr-matrix 0.056"]
     proc = plan_cli(lines, "--data", str(tmp_path), "--flops-per-s", "1e9")
@@ -186,10 +187,9 @@ def test_plan_prices_each_line_with_the_datas_vocab_and_estimates_wall_time(tmp_
 
 
 def test_plan_refuses_data_that_the_largest_run_would_repeat(tmp_path):
-    meta = {"vocab_size": 2048, "seq_len": 128, "train_tokens": 300_000,  # as prepare_data.py writes it:
-            "settings": {"sources": [["a", 9], ["b", 9], ["c", 9], ["v", 4]]},  # three training shards of
-            "split": {"val_files": ["v"]}}                                       # 100k tokens, one validation
-    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    meta_only_dataset(tmp_path, vocab_size=2048, seq_len=128, train_tokens=300_000,  # as prepare_data.py writes:
+                      settings={"sources": [["a", 9], ["b", 9], ["c", 9], ["v", 4]]},  # three training shards
+                      split={"val_files": ["v"]})                                       # of 100k tokens, one val
     line = "big|--r 1 --scale 0.5 --flops 5e12 --head-dim 8 --batch-tokens 2048"
     tokens = flops.tokens_for_budget(ModelConfig(r=1, scale=0.5, head_dim=8, vocab_size=2048, seq_len=128),
                                      5e12, 2048)["tokens"]

@@ -1,4 +1,4 @@
-"""MuonH, the optimiser split and the learning-rate rule behave as RECIPE §4 specifies (CPU)."""
+"""MuonH, the optimiser split and the learning-rate rule behave as the paper's App. E specifies (CPU)."""
 import io
 import math
 import os

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import flops
+from conftest import meta_only_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE7 = {4.64e17: [6, 8, 10, 12], 1e18: [6, 8, 10, 12, 14], 2.15e18: [8, 10, 12, 14, 16],
@@ -107,7 +108,7 @@ def test_print_gives_one_torchrun_command_per_run():
     assert len(out) == 116
     assert all(line.startswith("torchrun --standalone --nproc_per_node=8 -- train.py") for line in out)
     assert "--r 4 --scale 10 --flops 1e18" in "\n".join(out)
-    # every paper run is evaluated on the paper's 34,560 validation rows (~70.8M tokens, RECIPE §5)
+    # every paper run is evaluated on the paper's 34,560 validation rows (~70.8M tokens, §4.1)
     assert all(line.endswith("--eval-rows 34560") for line in out)
 
 
@@ -190,7 +191,7 @@ def test_bad_arguments_are_refused(args, reason):
 
 
 def test_sweep_sh_has_no_embedded_python():
-    """--plan pricing lives in flops.py and reuse in train.py --reuse-from (issue 14): sweep.sh only
+    """--plan pricing lives in flops.py and reuse in train.py --reuse-from: sweep.sh only
     calls Python scripts, it holds no Python program of its own."""
     text = (REPO / "sweep.sh").read_text()
     assert not re.search(r"<<\s*'?\w+'?|(PYTHON\W*|python3?)\s+-c\s|\bimport\s+\w", text)
@@ -229,9 +230,7 @@ def fake_train(tmp_path):
     python.write_text(f'#!/usr/bin/env bash\nif [ "$1" = train.py ]; then shift; exec {sys.executable} '
                       f'{tmp_path}/fake_train.py "$@"; fi\nexec {sys.executable} "$@"\n')
     python.chmod(0o755)
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "meta.json").write_text(json.dumps({"vocab_size": 2048, "seq_len": 128, "train_tokens": 10 ** 8}))
+    data = meta_only_dataset(tmp_path / "data", vocab_size=2048, seq_len=128, train_tokens=10 ** 8)
     calls = tmp_path / "calls.jsonl"
     return {"PYTHON": str(python), "DATA": str(data), "FAKE_CALLS": str(calls)}, calls
 
@@ -242,29 +241,29 @@ def calls_by_name(calls):
 
 
 def test_every_run_goes_through_train_py_and_the_summary_counts_each_outcome(fake_train, tmp_path):
-    """Issue 12: no grep-based skipping by name. train.py is asked about every planned run (it decides
+    """No grep-based skipping by name (an earlier sweep skipped by name). train.py is asked about every planned run (it decides
     "already done" by run identity); busy (exit 75) and failed runs are counted apart from done ones."""
     env, calls = fake_train
     names = [x["name"] for x in plan_rows("smoke")[0]]
     env.update(OUT=str(tmp_path / "runs" / "smoke"), FAKE_BUSY=names[0], FAKE_FAIL=names[1])
     first = sweep("--grid", "smoke", "--no-fit", env=env, check=False)
     assert first.returncode != 0
-    assert "12 configurations: 10 trained now, 0 already done, 0 reused, 1 busy, 1 failed" in first.stdout
+    assert "12 configurations: 10 trained now, 0 already done, 0 reused, 0 restored, 1 busy, 1 failed" in first.stdout
     assert f"busy (locked by another live process; rerun later): {names[0]}" in first.stdout
     assert f"failed: {names[1]} (exit 1" in first.stdout
     assert sorted(calls_by_name(calls)) == sorted(names)
     calls.unlink()
     env.update(FAKE_BUSY="", FAKE_FAIL="")
     again = sweep("--grid", "smoke", "--no-fit", env=env)
-    assert "12 configurations: 2 trained now, 10 already done, 0 reused, 0 busy, 0 failed" in again.stdout
+    assert "12 configurations: 2 trained now, 10 already done, 0 reused, 0 restored, 0 busy, 0 failed" in again.stdout
     assert sorted(calls_by_name(calls)) == sorted(names)  # asked again, answered "already done"
     assert "12 runs, total compute" in (tmp_path / "runs" / "smoke" / "plan.txt").read_text()
 
 
 def test_case_study_sweep_offers_the_sibling_r1_runs_to_train_py_for_reuse(fake_train, tmp_path):
     """The r = 1 runs of cpu-micro-trunc are cpu-micro's: sweep.sh passes the finished sibling folder as
-    --reuse-from and train.py decides (by identity) whether it is the same run. Issue 12 item 1: the
-    old sweep copied the sibling's row by name alone, even for another dataset."""
+    --reuse-from and train.py decides (by identity) whether it is the same run. An earlier
+    sweep copied the sibling's row by name alone, even for another dataset."""
     env, calls = fake_train
     base = [x["name"] for x in plan_rows("cpu-micro")[0] if x["r"] == 1]
     for name in base:
@@ -272,7 +271,7 @@ def test_case_study_sweep_offers_the_sibling_r1_runs_to_train_py_for_reuse(fake_
         (tmp_path / "runs" / "cpu-micro" / "runs" / name / "final.json").write_text("{}")
     env.update(OUT=str(tmp_path / "runs" / "cpu-micro-trunc"))
     proc = sweep("--grid", "cpu-micro-trunc", "--no-fit", env=env)
-    assert "62 configurations: 48 trained now, 0 already done, 14 reused, 0 busy, 0 failed" in proc.stdout
+    assert "62 configurations: 48 trained now, 0 already done, 14 reused, 0 restored, 0 busy, 0 failed" in proc.stdout
     by_name = calls_by_name(calls)
     assert len(by_name) == 62
     for name, argv in by_name.items():
@@ -312,7 +311,7 @@ exec {sys.executable} {tmp_path}/fake_train.py "$@"
     ({"GPUS": "1.5"}, "GPUS must be a whole number"),
 ])
 def test_bad_parallelism_is_one_line_and_exit_2_never_a_hang(env, reason, fake_train, tmp_path):
-    """Issue 12 item 6: CPU_JOBS=0 made the old sweep wait for a free slot forever."""
+    """CPU_JOBS=0 once made the sweep wait for a free slot forever."""
     full_env, calls = fake_train
     full_env.update(env, OUT=str(tmp_path / "out"))
     proc = subprocess.run(["bash", "sweep.sh", "--grid", "smoke", "--no-fit"], cwd=REPO, capture_output=True,
@@ -321,14 +320,33 @@ def test_bad_parallelism_is_one_line_and_exit_2_never_a_hang(env, reason, fake_t
     assert len(proc.stderr.strip().splitlines()) == 1 and not calls.exists()
 
 
+def test_smoke_grid_builds_its_data_from_the_repository_when_missing(fake_train, tmp_path):
+    """A newcomer's ./sweep.sh --grid smoke needs no separate data step: the smoke and CPU grids read
+    sources the repository ships, so a missing $DATA is built first (the real prepare_data.py)."""
+    env, calls = fake_train
+    env.update(OUT=str(tmp_path / "out"), DATA=str(tmp_path / "built"))
+    proc = sweep("--grid", "smoke", "--no-fit", env=env)
+    assert "building it from the repository's data" in proc.stdout
+    meta = json.loads((tmp_path / "built" / "meta.json").read_text())
+    assert (meta["vocab_size"], meta["seq_len"], meta["split"]) == (512, 64, {"val_files": ["shard_00001.parquet"]})
+    assert len(calls.read_text().splitlines()) == len(plan_rows("smoke")[0])
+
+
+def test_a_gpu_grid_without_data_names_the_command_that_builds_it(fake_train, tmp_path):
+    env, calls = fake_train
+    env.update(OUT=str(tmp_path / "out"), DATA=str(tmp_path / "missing"))
+    proc = sweep("--grid", "paper", "--no-fit", env=env, check=False)
+    assert proc.returncode == 2 and not calls.exists()
+    assert f"build it first: " in proc.stderr and f"prepare_data.py --shards 205 --out {tmp_path / 'missing'}" in proc.stderr
+
+
 def test_data_that_does_not_cover_the_largest_run_is_refused_before_any_run(fake_train, tmp_path):
-    """Issue 13 item 5: a run that reads more tokens than the prepared training split repeats data; the
+    """A run that reads more tokens than the prepared training split repeats data; the
     sweep says so before starting anything, with both numbers and how many shards to prepare."""
     env, calls = fake_train
     largest = max(plan_rows("smoke")[0], key=lambda x: x["D"])
-    meta = {"vocab_size": 512, "seq_len": 64, "train_tokens": 10_000,
-            "settings": {"sources": [["a", 1], ["b", 1], ["v", 1]]}, "split": {"val_files": ["v"]}}
-    Path(env["DATA"], "meta.json").write_text(json.dumps(meta))
+    meta_only_dataset(env["DATA"], vocab_size=512, seq_len=64, train_tokens=10_000,
+                      settings={"sources": [["a", 1], ["b", 1], ["v", 1]]}, split={"val_files": ["v"]})
     env.update(OUT=str(tmp_path / "out"))
     proc = sweep("--grid", "smoke", "--no-fit", env=env, check=False)
     tokens = flops.tokens_for_budget(flops.ModelConfig(r=largest["r"], scale=largest["s"], head_dim=8, depth=6,
@@ -344,8 +362,8 @@ def test_data_that_does_not_cover_the_largest_run_is_refused_before_any_run(fake
 
 def test_smoke_sweep_end_to_end_then_idempotent_and_resumable(sample_data, tmp_path):
     """With the real train.py: data -> train -> results -> fit; a rerun trains nothing (train.py answers
-    "already done" by run identity); a deleted row reruns exactly that run (issue 12 item 5: the old
-    train.py saw final.json and exited 0, so the row stayed missing)."""
+    "already done" by run identity); a deleted row is written back from its run's final.json (an
+    earlier train.py saw final.json and exited 0, so the row stayed missing)."""
     env = {"OUT": str(tmp_path / "sweep"), "DATA": str(sample_data), "CPU_JOBS": "2"}
     first = sweep("--grid", "smoke", env=env)
     results = tmp_path / "sweep" / "results.jsonl"
@@ -359,14 +377,14 @@ def test_smoke_sweep_end_to_end_then_idempotent_and_resumable(sample_data, tmp_p
     assert f"0 trained now, {n_runs} already done" in again.stdout
     assert len(results.read_text().splitlines()) == n_runs
 
-    # Drop one row only: train.py sees a finished folder without its row, sets it aside, retrains.
+    # Drop one row only: train.py sees a finished folder without its row and writes the row back from the
+    # folder's final.json, without retraining (an earlier train.py retrained the whole run).
     dropped = rows[3]
     results.write_text("".join(json.dumps(r) + "\n" for r in rows if r is not dropped))
     third = sweep("--grid", "smoke", "--no-fit", env=env)
-    assert f"1 trained now, {n_runs - 1} already done" in third.stdout
-    assert f"done {Path(dropped['out']).name}" in third.stdout
-    assert list(Path(dropped["out"]).glob("superseded-*/final.json"))  # nothing deleted
+    assert f"0 trained now, {n_runs - 1} already done, 0 reused, 1 restored" in third.stdout
+    assert f"restored {Path(dropped['out']).name}" in third.stdout
     new_rows = [json.loads(line) for line in results.read_text().splitlines()]
     assert len(new_rows) == n_runs
-    (redone,) = [r for r in new_rows if r["out"] == dropped["out"]]
-    assert redone["val_loss"] == dropped["val_loss"]  # same seed, same data: the same run
+    (restored,) = [r for r in new_rows if r["out"] == dropped["out"]]
+    assert restored == dropped  # the very row, from final.json

@@ -210,7 +210,7 @@ def test_divergence_stops_without_a_row_and_keeps_only_finite_checkpoints(sample
 
 
 # ----------------------------------------------------------------------------------------------
-# Results you can trust (issue 12): every test below reproduces a way the old train.py produced
+# Results you can trust: every test below reproduces a way an earlier train.py produced
 # a wrong, missing or duplicated result without an error.
 
 def derived_dataset(sample_data, dest, train_rows=None, flip_bytes=False):
@@ -319,18 +319,23 @@ def test_second_trainer_on_a_locked_folder_is_busy(sample_data, tmp_path, capsys
     assert capsys.readouterr().out.startswith("busy:") and not (tmp_path / "run" / "log.jsonl").exists()
 
 
-def test_deleted_row_reruns_and_a_present_row_is_done(sample_data, tmp_path, capsys):
-    """Old: final.json alone meant 'finished', so deleting a row never brought it back."""
+def test_a_missing_row_is_restored_from_final_json_and_a_present_row_is_done(sample_data, tmp_path, capsys):
+    """Old: final.json alone meant 'finished', so deleting a row never brought it back; then a deleted row
+    (or --results added to a finished folder) retrained the whole run although final.json holds the row."""
     results, out = tmp_path / "results.jsonl", tmp_path / "run"
     assert run_inprocess(sample_data, out, "--tokens", "2048", "--results", str(results)) == 0
     first = json.loads(results.read_text())
     assert run_inprocess(sample_data, out, "--tokens", "2048", "--results", str(results)) == 0
-    assert capsys.readouterr().out.splitlines()[-1].startswith("already done:")
-    results.write_text("")
-    assert run_inprocess(sample_data, out, "--tokens", "2048", "--results", str(results)) == 0
-    (row,) = map(json.loads, results.read_text().splitlines())
-    (old,) = out.glob("superseded-*")
-    assert row["run_id"] == first["run_id"] and json.loads((old / "final.json").read_text()) == first
+    done = capsys.readouterr().out.splitlines()[-1]
+    assert done.startswith("already done:") and f"val loss {first['val_loss']:.4f}" in done and str(out) in done
+    log_lines = (out / "log.jsonl").read_text()
+    for results_now in (results, tmp_path / "added_later.jsonl"):
+        results_now.write_text("")
+        assert run_inprocess(sample_data, out, "--tokens", "2048", "--results", str(results_now)) == 0
+        assert capsys.readouterr().out.splitlines()[-1].startswith("restored:")
+        (row,) = map(json.loads, results_now.read_text().splitlines())
+        assert row == first
+    assert (out / "log.jsonl").read_text() == log_lines  # nothing was trained again
 
 
 def test_reuse_from_needs_the_exact_identity(sample_data, tmp_path, capsys):
@@ -352,7 +357,7 @@ def test_reuse_from_needs_the_exact_identity(sample_data, tmp_path, capsys):
 
 
 def test_a_run_that_repeats_data_says_so(sample_data, tmp_path, capsys):
-    """Old: only the row's `epochs` field recorded that the data ran out (issue 13, item 5)."""
+    """Old: only the row's `epochs` field recorded that the data ran out."""
     small = derived_dataset(sample_data, tmp_path / "small", train_rows=20)
     assert train.main(["--data", str(small), "--out", str(tmp_path / "run"), *TINY, "--tokens", "2048"]) == 0
     err = capsys.readouterr().err
@@ -373,3 +378,154 @@ def test_compile_on_cpu_falls_back_to_eager_when_inductor_fails(sample_data, tmp
     err = capsys.readouterr().err
     assert "torch.compile failed (RuntimeError: 'inductor: no working C++ compiler" in err and err.count("\n") == 1
     assert losses(tmp_path / "fallback") == losses(tmp_path / "eager")
+
+
+# ----------------------------------------------------------------------------------------------
+# Faults and bad input, by class: a full disk at any write is one line naming the file and never loses a
+# finished run; every file train.py reads fails as one line naming it, before the compute; a horizon the
+# batch cannot honour is refused.
+
+def full_disk_at(monkeypatch, name):
+    """Make every write to a file called `name` fail with ENOSPC: train.py's atomic writes (run.json,
+    ckpt.pt, final.json), prepare_data.append_row's (the results file) and the log's open()."""
+    import builtins
+    real_atomic, real_open = prepare_data.atomic_write, builtins.open
+
+    def atomic(path, data):
+        if Path(path).name == name:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_atomic(path, data)
+
+    def log_open(path, mode="r", *args, **kwargs):
+        if Path(path).name == name == "log.jsonl":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_open(path, mode, *args, **kwargs)
+    monkeypatch.setattr(train, "atomic_write", atomic)
+    monkeypatch.setattr(prepare_data, "atomic_write", atomic)
+    monkeypatch.setattr(train, "open", log_open, raising=False)
+
+
+def code_of(fn, *args):
+    """The exit status of fn(*args), returned or raised as SystemExit."""
+    try:
+        return fn(*args)
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.parametrize("name, save_every, row_written", [
+    ("run.json", "4", False), ("log.jsonl", "4", False), ("ckpt.pt", "4", False),  # periodic checkpoint
+    ("ckpt.pt", "0", True),  # the final checkpoint
+    ("results.jsonl", "4", False), ("final.json", "4", True)])
+def test_a_full_disk_at_any_write_is_one_line_and_loses_no_finished_run(sample_data, tmp_path, monkeypatch, capsys,
+                                                                        name, save_every, row_written):
+    """Old: a full disk at the final checkpoint raised a traceback after all the compute (the checkpoint came
+    before the evaluation and the row, so the run was lost). Now the row is written whatever fails after the
+    training, and a failure before it keeps a whole checkpoint that --resume finishes."""
+    results, out = tmp_path / "results.jsonl", tmp_path / "run"
+    args = ["--r", "2", "--tokens", "4096", "--save-every", save_every, "--results", str(results)]
+    full_disk_at(monkeypatch, name)
+    code = code_of(run_inprocess, sample_data, out, *args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and name in err[0] and "No space left on device" in err[0], err
+    assert (results.read_text() != "") == row_written
+    monkeypatch.undo()
+    again = run_inprocess(sample_data, out, *args, "--resume")
+    assert again == 0
+    (row,) = map(json.loads, results.read_text().splitlines())
+    assert row["finished"] and row["steps"] == 8
+
+
+def test_adding_results_to_a_finished_folder_restores_its_row_without_training(sample_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run_inprocess(sample_data, out, "--tokens", "2048") == 0
+    steps_logged = (out / "log.jsonl").read_text()
+    assert run_inprocess(sample_data, out, "--tokens", "2048", "--results", str(tmp_path / "r.jsonl")) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("restored:")
+    assert (out / "log.jsonl").read_text() == steps_logged
+    assert json.loads((tmp_path / "r.jsonl").read_text()) == json.loads((out / "final.json").read_text())
+
+
+def damage(path, how):
+    if how == "empty":
+        path.write_bytes(b"")
+    elif how == "garbage":
+        path.write_bytes(b"\x00\xffnot what it should be\n" * 7)
+    elif how == "wrong structure":
+        if path.suffix == ".pt":
+            torch.save([1, 2, 3], path)
+        else:
+            path.write_text(json.dumps([1, 2, 3]))
+    else:
+        path.unlink()
+
+
+@pytest.mark.parametrize("how", ["empty", "garbage", "wrong structure"])
+def test_a_damaged_checkpoint_is_one_line_naming_it(sample_data, tmp_path, monkeypatch, capsys, how):
+    """Old: a 0-byte ckpt.pt ended in an IndexError inside the error handler."""
+    out = tmp_path / "run"
+    stopped_after_one_step(sample_data, out, monkeypatch)
+    damage(out / "ckpt.pt", how)
+    code = exit_code(run_inprocess, sample_data, out, "--r", "2", "--tokens", "5120", "--resume")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"{out / 'ckpt.pt'} cannot be loaded" in err[0], err
+
+
+@pytest.mark.parametrize("how", ["empty", "garbage", "wrong structure"])
+def test_a_damaged_final_json_is_one_line_naming_it(sample_data, tmp_path, capsys, how):
+    out = tmp_path / "run"
+    assert run_inprocess(sample_data, out, "--tokens", "2048") == 0
+    damage(out / "final.json", how)
+    code = exit_code(run_inprocess, sample_data, out, "--tokens", "2048")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and str(out / "final.json") in err[0], err
+
+
+@pytest.mark.parametrize("target, how", [("meta.json", "empty"), ("meta.json", "garbage"),
+                                         ("meta.json", "wrong structure"), ("val.bin", "missing"),
+                                         ("tokenizer.tiktoken", "missing"), ("tokenizer.tiktoken", "garbage")])
+def test_damaged_data_files_are_one_line_before_any_training(sample_data, tmp_path, capsys, target, how):
+    """Old: --sample with the tokenizer file missing trained to the end, then raised FileNotFoundError; a
+    missing val.bin read "val.bin: no file, bytes, meta.json says..."."""
+    data = tmp_path / "data"
+    shutil.copytree(sample_data, data)
+    damage(data / target, how)
+    code = exit_code(train.main, ["--data", str(data), "--out", str(tmp_path / "run"), *TINY, "--tokens", "2048",
+                                  "--sample", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and target in err[0] and "Traceback" not in err[0], err
+    assert not (tmp_path / "run").exists()
+    if (target, how) == ("val.bin", "missing"):
+        assert "val.bin: missing (meta.json lists" in err[0]
+
+
+TINY_R2 = flops.ModelConfig(r=2, scale=1, head_dim=16, depth=6, prelude=1, coda=1, vocab_size=512, seq_len=64)
+FLOPS_PER_STEP = flops.flops_per_token(TINY_R2) * 512  # TINY's batch
+
+
+@pytest.mark.parametrize("horizon", [["--flops", "1"], ["--tokens", "1"], ["--tokens", "700"],
+                                     ["--flops", repr(1.4 * FLOPS_PER_STEP)], ["--flops", repr(2.6 * FLOPS_PER_STEP)]])
+def test_a_horizon_the_batch_cannot_honour_is_refused(sample_data, tmp_path, capsys, horizon):
+    """Old: --flops 1 trained one step of ~1e9 FLOPs and recorded flops_budget 1.0. Refused: fewer than
+    MIN_STEPS steps (1.4 steps -> 1), or spending more than HORIZON_RTOL away from the budget (2.6 -> 3: +15%)."""
+    code = code_of(run_inprocess, sample_data, tmp_path / "run", "--r", "2", *horizon)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and horizon[0] in err[0] and "raise" in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_budget_rounding_spends_within_the_tolerance(sample_data, tmp_path):
+    """steps = round(C / (F B)): a fraction above one half rounds up, and the FLOPs spent stay within
+    HORIZON_RTOL of the budget, which the row records next to it."""
+    budget = 9.6 * FLOPS_PER_STEP  # 9.6 steps -> 10
+    assert run_inprocess(sample_data, tmp_path / "run", "--r", "2", "--flops", repr(budget)) == 0
+    row = json.loads((tmp_path / "run" / "final.json").read_text())
+    assert row["steps"] == 10 and row["flops_budget"] == budget
+    assert abs(row["flops_actual"] / budget - 1) <= train.HORIZON_RTOL
+
+
+def test_eval_rows_beyond_the_split_are_said(sample_data, tmp_path, capsys):
+    meta = prepare_data.read_meta(sample_data)
+    assert run_inprocess(sample_data, tmp_path / "run", "--tokens", "2048", "--eval-rows", "100000") == 0
+    assert (f"--eval-rows 100000 is more than the {meta['val_rows']} validation rows" in capsys.readouterr().err)
+    assert json.loads((tmp_path / "run" / "final.json").read_text())["eval_rows"] == meta["val_rows"]
