@@ -47,7 +47,7 @@ def bytes_per_token(encode, texts):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--source", default=str(REPO.parent / "shared" / "data" / "micro-corpus"))
+    p.add_argument("--source", default=str(REPO / "data" / "micro-corpus"))
     p.add_argument("--vocab-size", type=int, default=32000)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--val-fraction", type=float, default=0.02)

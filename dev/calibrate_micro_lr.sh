@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Re-anchor the LR transfer rule at CPU scale (RECIPE §6): at the micro reference (d = 32, B = 2048
+# Re-anchor the LR transfer rule at CPU scale (as App. E anchors the paper at s = 10): at the micro reference (d = 32, B = 2048
 # tokens, D ~ 5e5 tokens; C = 1.5e12 FLOPs) sweep the MuonH base LR for r = 1 and r = 4, keeping
 # the paper's exponents and AdamW bases. The best base LR is what sweep.sh's cpu-micro grid uses.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Diagnose the CPU-scale looping penalty (issue: r = 2, 4, 8 all trail r = 1 by ~0.1 nats).
+# Diagnose the CPU-scale looping penalty (the finding that r = 2, 4, 8 all trail r = 1 by ~0.1 nats).
 # Every run is at the lowest cpu-micro budget (1.5e12 FLOPs) and its best width (d = 16, s = 0.25)
 # unless its line says otherwise, with the cpu-micro flags of sweep.sh, so each number compares
 # directly with the grid's seed-0 rows in dev/results/cpu-micro-v2-flat/results.jsonl (the earlier grid):

@@ -1,6 +1,6 @@
 """
 fit_laws.py's Chinchilla fitter on real runs: the 245 Chinchilla training runs Epoch AI read off
-Hoffmann et al.'s figure (../shared/data/scaling-runs, see its README). Epoch's protocol: tokens
+Hoffmann et al.'s figure (data/scaling-runs, see its README). Epoch's protocol: tokens
 D = C / (6N), the five highest losses dropped (240 runs left), Huber (delta 1e-3) on log-residuals.
 Their L-BFGS-B optimum is A 477.8, B 2143, E 1.8172, alpha 0.3473, beta 0.3672 (objective
 0.00101827); the paper's own values (A 406.4, B 410.7, E 1.69, alpha 0.34, beta 0.28) are not it.
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import fit_laws as fl  # noqa: E402
 
-EPOCH_CSV = ROOT.parent / "shared" / "data" / "scaling-runs" / "chinchilla-epoch-extracted.csv"
+EPOCH_CSV = ROOT / "data" / "scaling-runs" / "chinchilla-epoch-extracted.csv"
 
 
 def epoch_rows(path=EPOCH_CSV, drop_highest=5):

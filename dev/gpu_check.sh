@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU check (issue 13): tokens/s, MFU, compile time, peak memory and bf16-vs-fp32 loss
+# One prepared GPU check: tokens/s, MFU, compile time, peak memory and bf16-vs-fp32 loss
 # of real training steps for s = 10 and 24 at r = 1, r = 4 and r = 4 with r_bwd = 2, eager and
 # compiled. Needs torch alone (no network, no dataset). How to read it: dev/gpu_check.py's docstring.
 #

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 DATA="${DATA:-data/micro-2k}"
 : "${OUT:?set OUT}" "${RESULTS:?set RESULTS}"
 FLAGS="--flops 1.5e12 --head-dim 8 --batch-tokens 2048 --ref-width 32 --ref-batch 2048 --ref-tokens 5e5 --eval-rows 1024 --log-every 100"
-[ -f "$DATA/meta.json" ] || { echo "$DATA/meta.json missing: python prepare_data.py --source ../shared/data/micro-corpus --vocab-size 2048 --seq-len 128 --val-fraction 0.02 --out $DATA" >&2; exit 2; }
+[ -f "$DATA/meta.json" ] || { echo "$DATA/meta.json missing: python prepare_data.py --source data/micro-corpus --vocab-size 2048 --seq-len 128 --val-fraction 0.02 --out $DATA" >&2; exit 2; }
 [[ "${CPU_JOBS:-1}" =~ ^[1-9][0-9]*$ ]] || { echo "CPU_JOBS must be a whole number >= 1, got '$CPU_JOBS'" >&2; exit 2; }
 mkdir -p "$OUT" "$(dirname "$RESULTS")"
 # A name whose row is in $RESULTS is skipped before train.py starts: the older rows carry no run identity

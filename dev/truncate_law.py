@@ -1,5 +1,5 @@
 """
-The truncate-or-not law (an extension of the study, truncate-or-not §5, App. C-D; RECIPE §7):
+The truncate-or-not law (an extension of the study, truncate-or-not §5, App. C-D):
 N_eff = N_once + g(T, B) N_rec with T = r forward and B = r_bwd backward loops. Prints its
 best-backward-loop table (their Table 5) from the published coefficients, or fits the law to a sweep
 that varies (T, B) - with held-out checks: leave one configuration / model size / compute budget /
