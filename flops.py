@@ -24,6 +24,8 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
+from common import count, fail, finite_float, one_line_errors, positive_float, positive_int, read_rows
+
 INJECTIONS = ("linear", "additive", "passthrough", "hyper")
 
 # Dense bf16 tensor-core peak FLOP/s per GPU (datasheet numbers, no sparsity), for MFU.
@@ -99,7 +101,7 @@ class ModelConfig:
         if self.hc_lanes < 1:
             raise ValueError(f"--hc-lanes must be >= 1, got {self.hc_lanes}")
         if not 1 <= self.vocab_size:
-            raise ValueError(f"--vocab must be >= 1, got {self.vocab_size}")
+            raise ValueError(f"--vocab-size must be >= 1, got {self.vocab_size}")
 
     @property
     def d_model(self):
@@ -220,49 +222,6 @@ def summary(cfg, flops=None, batch_tokens=2 ** 18, phi=None):
     return out
 
 
-def positive_int(text):
-    """argparse type: an integer >= 1 (argparse turns the ValueError into one usage error, exit 2)."""
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-def count(text):
-    """argparse type: an integer >= 0 (0 means "the default" for --r-bwd and --recur)."""
-    value = int(text)
-    if value < 0:
-        raise ValueError(text)
-    return value
-
-
-def finite_float(text):
-    """argparse type: a finite number (nan and inf are refused)."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(text)
-    return value
-
-
-def positive_float(text):
-    """argparse type: a finite number > 0; accepts 1e18-style budgets."""
-    value = finite_float(text)
-    if value <= 0:
-        raise ValueError(text)
-    return value
-
-
-def positive_int_list(text):
-    """argparse type: comma-separated integers >= 1, e.g. loop counts "2,8"."""
-    return [positive_int(x) for x in text.split(",") if x.strip()]
-
-
-# argparse names the helper in its message ("invalid positive_int value: '0'"): say it in words.
-positive_int.__name__, count.__name__ = "integer >= 1", "integer >= 0"
-positive_int_list.__name__ = "comma-separated list of integers >= 1"
-finite_float.__name__, positive_float.__name__ = "finite number", "positive number"
-
-
 def add_model_args(parser):
     """The architecture flags, shared by flops.py, train.py and anything else that builds a model."""
     d = ModelConfig
@@ -277,18 +236,20 @@ def add_model_args(parser):
     parser.add_argument("--recur", type=count, default=0,
                         help="layers in the shared block (fixed-parameter grids); default (depth-prelude-coda)/r")
     parser.add_argument("--head-dim", type=positive_int, default=d.head_dim)
-    parser.add_argument("--vocab", type=positive_int, default=d.vocab_size, help="vocabulary size (padded to 64)")
+    parser.add_argument("--vocab-size", "--vocab", dest="vocab_size", type=positive_int, default=d.vocab_size,
+                        help="vocabulary size (padded to 64)")
     parser.add_argument("--seq-len", type=positive_int, default=d.seq_len)
     parser.add_argument("--random-state-init", action="store_true", help="s_0 ~ N(0,1) ablation (App. C.2)")
 
 
 def config_from_args(args, vocab_size=None):
     """ModelConfig from parsed add_model_args flags; raises ValueError with a one-line reason."""
+    if vocab_size is None:
+        vocab_size = args.vocab_size
     return ModelConfig(r=args.r, scale=args.scale, r_bwd=args.r_bwd, injection=args.injection,
                        hc_lanes=args.hc_lanes, depth=args.depth, prelude=args.prelude, coda=args.coda,
-                       recur=args.recur, head_dim=args.head_dim,
-                       vocab_size=vocab_size if vocab_size is not None else args.vocab,
-                       seq_len=args.seq_len, random_state_init=args.random_state_init)
+                       recur=args.recur, head_dim=args.head_dim, vocab_size=vocab_size, seq_len=args.seq_len,
+                       random_state_init=args.random_state_init)
 
 
 def budget_args(parser):
@@ -297,13 +258,16 @@ def budget_args(parser):
     parser.add_argument("--batch-tokens", type=positive_int, default=2 ** 18)
 
 
+# ----------------------------------------------------------------------------------------------
+# The command line: the table or JSON of one configuration, and pricing a sweep's plan (sweep.sh --plan)
+
 def read_data_meta(data_dir):
-    """A prepared dataset's meta.json through prepare_data.read_meta (the one reader: a damaged file is one
+    """A prepared dataset's meta.json through dataloader.read_meta (the one reader: a damaged file is one
     line naming it; no checksum pass, train.py verifies the data when it starts), or None if there is none.
-    prepare_data is imported here, not at the top: the rest of flops.py is pure Python."""
+    dataloader is imported here, not at the top: the rest of flops.py is pure Python."""
     if not data_dir or not os.path.exists(os.path.join(data_dir, "meta.json")):
         return None
-    from prepare_data import read_meta
+    from dataloader import read_meta
     return read_meta(data_dir, verify=False)
 
 
@@ -318,7 +282,8 @@ def training_files(meta):
 def data_shortfall(max_tokens, meta, data_dir):
     """One line saying how far the prepared data falls short of the largest run, or None if it covers it.
     A run that reads more tokens than the training split repeats data (a second epoch), which the
-    scaling law does not model (the paper trains on unique tokens, §4.1). Tokens per shard are this dataset's own (after packing)."""
+    scaling law does not model (the paper trains on unique tokens, §4.1). Tokens per shard are this
+    dataset's own (after packing)."""
     have = meta["train_tokens"]
     if max_tokens <= have:
         return None
@@ -334,20 +299,15 @@ def data_shortfall(max_tokens, meta, data_dir):
 
 
 def achieved_rate(results):
-    """Mean achieved FLOP/s per run of the finished rows in a results file (None if there are none)."""
-    if not results or not os.path.exists(results):
+    """(mean achieved FLOP/s per run of the rows in a results file, where it comes from), or (None, "")."""
+    if not results:
         return None, ""
-    rows = []
-    for line in open(results):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # a torn last line: fit_laws.py reports those, the estimate just skips them
-        if isinstance(row, dict) and row.get("tokens_per_s") and row.get("flops_per_token"):
-            rows.append(row["tokens_per_s"] * row["flops_per_token"])
-    if not rows:
+    rows, _ = read_rows(results)  # a torn last line: fit_laws.py reports those, the estimate skips them
+    rates = [row["tokens_per_s"] * row["flops_per_token"] for row in rows
+             if row.get("tokens_per_s") and row.get("flops_per_token")]
+    if not rates:
         return None, ""
-    return sum(rows) / len(rows), f"mean achieved rate of the {len(rows)} runs in {results}"
+    return sum(rates) / len(rates), f"mean achieved rate of the {len(rates)} runs in {results}"
 
 
 def plan(lines, data_dir, results, flops_per_s):
@@ -364,7 +324,8 @@ def plan(lines, data_dir, results, flops_per_s):
         name, _, flags = line.rstrip("\n").partition("|")
         args, _ = parser.parse_known_args(flags.split())  # train-only flags (--eval-rows, ...) are not ours
         if meta:
-            args.vocab, args.seq_len = meta["vocab_size"], meta["seq_len"]
+            args.vocab_size = meta["vocab_size"]
+            args.seq_len = meta["seq_len"]
         if args.flops is None:
             raise ValueError(f"plan line {name!r} has no --flops budget")
         cfg = config_from_args(args)
@@ -376,9 +337,14 @@ def plan(lines, data_dir, results, flops_per_s):
         print(f"{name:<34}{cfg.r:>3}{cfg.r_bwd:>6}{cfg.scale:>6g}{out['flops_budget']:>11.3g}{out['n_params']:>14,}"
               f"{out['tokens']:>16,}{out['steps']:>8,}{out['flops_actual']:>12.3e}")
     total = sum(out["flops_actual"] for _, _, out in rows)
-    print(f"{len(rows)} runs, total compute {total:.3e} FLOPs"
-          + ("" if meta else f" (vocab/seq-len from flags: {data_dir or '--data'}/meta.json not found)"))
-    rate, source = (flops_per_s, "given --flops-per-s") if flops_per_s else achieved_rate(results)
+    where_shape = ""
+    if not meta:
+        where_shape = f" (vocab/seq-len from flags: {data_dir or '--data'}/meta.json not found)"
+    print(f"{len(rows)} runs, total compute {total:.3e} FLOPs{where_shape}")
+    if flops_per_s:
+        rate, source = flops_per_s, "given --flops-per-s"
+    else:
+        rate, source = achieved_rate(results)
     if rate:
         print(f"estimated wall time {total / rate / 3600:,.1f} h at {rate:.3e} FLOP/s per run slot ({source})")
     else:
@@ -399,9 +365,8 @@ def plan(lines, data_dir, results, flops_per_s):
 
 
 def main():
-    # A short usage line, so that a bad flag reads as two lines (usage, then argparse's reason), not a page.
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     usage="%(prog)s [flags] (see --help)")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    one_line_errors(parser, "flops.py")
     add_model_args(parser)
     budget_args(parser)
     parser.add_argument("--phi", type=finite_float, default=None, help="also print N_eff for this phi")
@@ -418,8 +383,7 @@ def main():
             sys.exit(plan(sys.stdin, args.data, args.results, args.flops_per_s))
         cfg = config_from_args(args)
     except ValueError as e:
-        print(f"flops.py: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail("flops.py", str(e))
     out = summary(cfg, args.flops, args.batch_tokens, args.phi)
     if args.json:
         print(json.dumps(out))

@@ -8,8 +8,9 @@ The looped (depth-recurrent) transformer of the iso-depth study, in one readable
 A block of `recur` layers is run r times so that the effective depth prelude + r*recur + coda
 stays 20 (paper §3.1): r = 4 costs the FLOPs of a plain 20-layer GPT with 2/5 of its parameters.
 The layout, parameter counts and FLOPs come from flops.ModelConfig (the single source of truth);
-this file only builds and runs it. Blocks are nanochat's: pre-norm, RMSNorm with a learnable
-scale, RoPE then parameter-free QK-norm, squared-ReLU MLP, no biases, untied embeddings.
+this file only builds and runs it. Blocks follow nanochat's (pre-norm, RoPE then parameter-free
+QK-norm, squared-ReLU MLP, no biases, untied embeddings) except the norms: nanochat's RMSNorm has no
+parameters, the paper's (Table 4, App. C.1: scales initialised to one) has a learnable scale, as here.
 
 Options, all fixed by ModelConfig:
   injection  linear (W_inj [e; s], init [I|0]) | additive (s + e) | passthrough (s) |
@@ -19,8 +20,6 @@ Options, all fixed by ModelConfig:
   generate() samples a ragged batch through a KVCache with one layer per executed layer (§2, App. D).
 """
 import math
-import sys
-import time
 
 import torch
 import torch.nn as nn
@@ -328,9 +327,9 @@ class GPT(nn.Module):
 
     def recurrence(self, e, r, r_bwd, rope, cache=None):
         """Run r loops; only the last r_bwd build an autograd graph (truncated BPTT, §5.1)."""
-        grad_on = torch.is_grad_enabled()
         if self.cfg.injection == "hyper":
             return self.hyper_recurrence(e, r, rope, cache)
+        grad_on = torch.is_grad_enabled()
         s = self.initial_state(e)
         for t in range(r):
             # Early loops run under no_grad: no activations kept, no backward FLOPs. Their output
@@ -434,36 +433,3 @@ class GPT(nn.Module):
                 break
             step_ids = next_ids[:, None]
         return new
-
-
-def activation_bytes(model, idx):
-    """Bytes of the tensors autograd keeps for the backward pass of one training step on idx: the
-    activation memory that truncated BPTT saves (each storage counted once). Runs the backward."""
-    kept = {}
-
-    def pack(t):
-        kept[(t.untyped_storage().data_ptr(), t.dtype)] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = model(idx, idx)
-    loss.backward()
-    return sum(kept.values())
-
-
-def compile_or_eager(model, batch_rows, seq_len):
-    """(torch.compile(model), seconds it took): inductor, GPU and CPU, compiled now by one throwaway
-    forward+backward on a dummy batch so that a missing C++ compiler or an inductor error falls back to
-    (model, seconds) with one line on stderr instead of failing mid-run. RNG state and gradients are left
-    as they were, so a resumed run stays exact. Call it under the autocast the model will train in."""
-    t0, compiled = time.time(), torch.compile(model)
-    device = next(model.parameters()).device
-    x = torch.zeros(batch_rows, seq_len, dtype=torch.long, device=device)
-    try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            compiled(x, x.clone()).backward()  # distinct tensors: Dynamo guards on aliasing
-    except Exception as e:  # dynamo/inductor raise many kinds; all of them mean "run eagerly"
-        print(f"torch.compile failed ({type(e).__name__}: {str(e).strip()[:200]!r}); running eagerly", file=sys.stderr)
-        compiled = model
-    model.zero_grad(set_to_none=True)
-    return compiled, time.time() - t0

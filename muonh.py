@@ -23,7 +23,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from flops import finite_float, positive_int
+from common import finite_float, positive_int
 
 # ---------------------------------------------------------------------------------------------
 # Constants of the recipe (paper §4.1, App. E)
@@ -34,6 +34,12 @@ BASE_LRS = {"matrix": 0.014, "embedding": 0.3, "unembedding": 0.004, "norm": 0.0
 GROUP_NAMES = tuple(BASE_LRS)  # the parameter-group names model.param_groups() returns
 ADAMW_BETAS = (0.8, 0.95)
 ADAMW_EPS = 1e-10
+# The transfer rule's exponents (App. E; truncate-or-not re-estimated the data exponent at 0.40) and the
+# schedule's end: the defaults of learning_rates(), lr_multiplier() and train.py's flags alike.
+BATCH_EXP = 0.558
+DATA_EXP = 0.32
+WIDTH_EXP = 0.5
+FINAL_LR_FRAC = 0.1
 
 # ---------------------------------------------------------------------------------------------
 # Newton-Schulz coefficients
@@ -279,8 +285,8 @@ def build_optimizers(param_groups, lrs, **muonh_kwargs):
 # Learning-rate transfer rule and schedule
 
 
-def learning_rates(d_model, batch_tokens, tokens, tokens_ref, base_lrs=BASE_LRS, batch_exp=0.558,
-                   data_exp=0.32, width_exp=0.5, ref_width=REF_WIDTH, ref_batch=REF_BATCH_TOKENS):
+def learning_rates(d_model, batch_tokens, tokens, tokens_ref, base_lrs=BASE_LRS, batch_exp=BATCH_EXP,
+                   data_exp=DATA_EXP, width_exp=WIDTH_EXP, ref_width=REF_WIDTH, ref_batch=REF_BATCH_TOKENS):
     """Peak learning rate of every parameter group (paper App. E: muP + HyperP).
 
     MuonH:  base * (B/B0)^batch_exp * (D/D_ref)^(-data_exp). No width factor: the update is
@@ -312,14 +318,14 @@ def add_lr_args(parser):
     g = parser.add_argument_group("learning rates (base values at the reference; transfer rule applied)")
     for name, lr in BASE_LRS.items():
         g.add_argument(f"--lr-{name}", type=finite_float, default=lr)
-    g.add_argument("--batch-exp", type=finite_float, default=0.558, help="LR ~ (B/B_ref)^batch_exp")
-    g.add_argument("--data-exp", type=finite_float, default=0.32, help="MuonH LR ~ (D/D_ref)^-data_exp")
-    g.add_argument("--width-exp", type=finite_float, default=0.5, help="AdamW LR ~ (d/d_ref)^-width_exp")
+    g.add_argument("--batch-exp", type=finite_float, default=BATCH_EXP, help="LR ~ (B/B_ref)^batch_exp")
+    g.add_argument("--data-exp", type=finite_float, default=DATA_EXP, help="MuonH LR ~ (D/D_ref)^-data_exp")
+    g.add_argument("--width-exp", type=finite_float, default=WIDTH_EXP, help="AdamW LR ~ (d/d_ref)^-width_exp")
     g.add_argument("--ref-width", type=positive_int, default=REF_WIDTH, help="d_ref of the transfer rule")
     g.add_argument("--ref-batch", type=positive_int, default=REF_BATCH_TOKENS, help="B_ref of the transfer rule")
     g.add_argument("--ref-tokens", type=finite_float, default=0,
                    help="D_ref of the transfer rule (0: 10x effective params of the s=10 reference, flops.py)")
-    g.add_argument("--final-lr-frac", type=finite_float, default=0.1, help="linear decay ends at this fraction")
+    g.add_argument("--final-lr-frac", type=finite_float, default=FINAL_LR_FRAC, help="linear decay ends at this fraction")
 
 
 def lr_settings(args):
@@ -328,7 +334,7 @@ def lr_settings(args):
             {k: getattr(args, k) for k in ("batch_exp", "data_exp", "width_exp", "ref_width", "ref_batch")})
 
 
-def lr_multiplier(step, total_steps, final_frac=0.1):
+def lr_multiplier(step, total_steps, final_frac=FINAL_LR_FRAC):
     """Schedule (App. E): no warmup, linear decay from 1.0 at step 0 to final_frac at the last
     step (total_steps - 1); clamped at final_frac beyond it."""
     if total_steps < 1 or step < 0:

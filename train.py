@@ -4,26 +4,18 @@ Train one looped transformer of the iso-depth grid; one invocation = one row of 
     python train.py --r 4 --scale 2 --data data/micro-2k --flops 1e13 ...   # one process, CPU or GPU
     torchrun --nproc_per_node=8 -- train.py --r 4 --scale 10 --flops 1e18  # DDP; without --, torchrun takes --r
 
-Horizon: --flops C (steps = round(C / (F B)), the sweep's mode), --tokens or --tokens-per-param. Recipe
-(paper §4.1, App. E): MuonH for block matrices, AdamW for the rest, LRs transferred across width, batch and
-horizon. A run's identity (model, horizon, LRs, seed, eval rows, dtype, data) and run_id (its sha256) go into
---out's run.json, ckpt.pt and final.json, and into the row appended to --results (before final.json).
-
-The file reads top to bottom in the order a run goes:
-  1. main         flags -> identity -> already done? -> outputs writable -> the folder's lock
-  2. settle       a finished folder: report it (and sample it), reuse a sibling's, or restore its row
-  3. setup        devices, model, optimisers, resume from ckpt.pt, data loaders
-  4. train_loop   steps, the progress line, divergence, periodic and SIGTERM checkpoints
-  5. finish       the final checkpoint, validation, the row (durable), final.json, samples
-Exit: 0 trained / "already done:" / "reused:" / "restored:"; 2 bad input or another run's files; 1 diverged (no
-row) or a write failed (the last checkpoint is kept); 75 "busy:" (--out locked by a live process); 143
+Horizon: --flops C (steps = round(C / (F B)), the sweep's mode), --tokens or --tokens-per-param. Recipe (paper
+§4.1, App. E): MuonH for block matrices, AdamW for the rest, LRs transferred across width, batch and horizon.
+The run's identity and run_id (runs.py) go into --out's run.json, ckpt.pt and final.json and into the row
+appended to --results (before final.json). Top to bottom: main (flags, identity, what the folder holds, the
+lock), setup (devices, model, optimisers, resume, data), train_loop, finish (checkpoint, validation, the row).
+Exit: 0 trained / "already done:" / "reused:" / "restored:"; 2 bad input or another run's files; 1 diverged
+(no row) or a write failed (the last checkpoint is kept); 75 "busy:" (--out locked by a live process); 143
 interrupted (--resume continues it).
 """
 import argparse
 import contextlib
-import dataclasses
 import fcntl
-import hashlib
 import json
 import math
 import os
@@ -37,11 +29,15 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import common
 import flops
-from evaluate import load_run_model, sample_texts
-from model import GPT, compile_or_eager
-from muonh import add_lr_args, build_optimizers, learning_rates, lr_multiplier, lr_settings
-from prepare_data import RowLoader, append_row, atomic_write, data_identity, load_json, load_tokenizer, read_meta
+from common import append_row, atomic_write, count, positive_float, positive_int, positive_int_list
+from dataloader import RowLoader, load_tokenizer, read_meta
+from evaluate import sample_texts
+from model import GPT
+from muonh import add_lr_args, build_optimizers, lr_multiplier
+from runs import (finished_row, load_run_model, plan_run, restore_checkpoint, results_row, run_identity,
+                  save_checkpoint, settle)
 
 # SIGTERM/SIGINT (preemption, Ctrl-C) only set this flag: the step in flight finishes, then every
 # rank agrees to stop, a checkpoint is written and the run exits; --resume continues it exactly.
@@ -53,12 +49,6 @@ WORLD = int(os.environ.get("WORLD_SIZE", 1))
 # of a shorter run, is a blown-up run whose row would only distort the fit.
 DIVERGED_NATS = 2.0
 DIVERGED_STEPS = 50
-# A horizon the batch cannot honour: fewer steps than this, or FLOPs (tokens) spent more than this far
-# from the budget asked for, would give a row whose flops_budget is not what the run spent.
-MIN_STEPS = 2
-HORIZON_RTOL = 0.10
-# What a checkpoint records about the loop besides weights, optimiser states and RNG.
-PROGRESS_KEYS = ("step", "train_row", "wall_s", "train_loss", "tokens_per_s", "high_loss_steps")
 
 
 def print0(*args, **kwargs):
@@ -68,21 +58,20 @@ def print0(*args, **kwargs):
 
 
 def fail(msg, code=2):
-    """Bad input (or a failed write, code 1): one clear line on stderr, non-zero exit."""
-    print(f"train.py: {msg}", file=sys.stderr)
-    sys.exit(code)
+    """Bad input (exit 2) or a failed write (1): one line on stderr, the project's convention (common.fail)."""
+    common.fail("train.py", msg, code)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.error = lambda message: fail(message)  # one line, not the usage block
+    common.one_line_errors(p, "train.py")
     flops.add_model_args(p)
-    p.set_defaults(vocab=None, seq_len=None)  # taken from the data's meta.json unless given
+    p.set_defaults(vocab_size=None, seq_len=None)  # taken from the data's meta.json unless given
     g = p.add_argument_group("horizon (pick one) and batch")
     flops.budget_args(g)  # --flops C (tokens from flops.py) and --batch-tokens B
-    g.add_argument("--tokens", type=flops.positive_float, help="training tokens D")
-    g.add_argument("--tokens-per-param", type=flops.positive_float, help="D = this x N (non-embedding); default 20")
-    g.add_argument("--device-batch", type=flops.count, default=0, help="rows per micro-batch per rank (0: auto, <= 16)")
+    g.add_argument("--tokens", type=positive_float, help="training tokens D")
+    g.add_argument("--tokens-per-param", type=positive_float, help="D = this x N (non-embedding); default 20")
+    g.add_argument("--device-batch", type=count, default=0, help="rows per micro-batch per rank (0: auto, <= 16)")
     add_lr_args(p)
     g = p.add_argument_group("io and system")
     g.add_argument("--data", default="data/fineweb", help="directory written by prepare_data.py")
@@ -90,15 +79,15 @@ def parse_args(argv=None):
     g.add_argument("--results", default="", help="JSONL file the final row is appended to")
     g.add_argument("--resume", action="store_true", help="continue from --out/ckpt.pt if it exists")
     g.add_argument("--reuse-from", default="", help="finished run folder to reuse if its identity is this one")
-    g.add_argument("--save-every", type=flops.count, default=500, help="checkpoint every N steps (0: only end/signal)")
-    g.add_argument("--log-every", type=flops.positive_int, default=10)
-    g.add_argument("--eval-rows", type=flops.positive_int, default=512, help="fixed validation rows (held-out split)")
-    g.add_argument("--eval-r", type=flops.positive_int_list, default=[],
+    g.add_argument("--save-every", type=count, default=500, help="checkpoint every N steps (0: only end/signal)")
+    g.add_argument("--log-every", type=positive_int, default=10)
+    g.add_argument("--eval-rows", type=positive_int, default=512, help="fixed validation rows (held-out split)")
+    g.add_argument("--eval-r", type=positive_int_list, default=[],
                    help="also evaluate at these loop counts, e.g. 2,8 (App. A)")
-    g.add_argument("--sample", type=flops.count, default=0,
+    g.add_argument("--sample", type=count, default=0,
                    help="print N sampled continuations of --prompt at the end (or of a finished run)")
     g.add_argument("--prompt", default="The capital of France is", help="what --sample continues")
-    g.add_argument("--sample-tokens", type=flops.positive_int, default=48, help="tokens per sample")
+    g.add_argument("--sample-tokens", type=positive_int, default=48, help="tokens per sample")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: bf16 on GPU")
@@ -107,110 +96,7 @@ def parse_args(argv=None):
 
 
 # ----------------------------------------------------------------------------------------------
-# 1. Flags -> the run's identity, before any device or output is touched
-
-def check_horizon(flag, asked, spent, steps, batch_tokens, unit):
-    """Refuse a horizon the batch cannot honour (MIN_STEPS, HORIZON_RTOL): one line with the numbers."""
-    off = spent / asked - 1
-    if steps >= MIN_STEPS and abs(off) <= HORIZON_RTOL:
-        return
-    fail(f"{flag} {asked:.4g} is {steps} step(s) of {batch_tokens:,} tokens, which would spend {spent:.4g} {unit} "
-         f"({100 * off:+.0f}%); a run needs >= {MIN_STEPS} steps within {100 * HORIZON_RTOL:.0f}% of its budget: "
-         f"raise {flag} or lower --batch-tokens")
-
-
-def plan_run(args, meta):
-    """Validate every flag against the data and resolve (config, steps). Reads only meta.json; a bad
-    layout raises ValueError (main turns it into one line)."""
-    for flag, given, have in (("--seq-len", args.seq_len, meta["seq_len"]), ("--vocab", args.vocab, meta["vocab_size"])):
-        if given not in (None, have):
-            fail(f"{flag} {given} does not match the data ({have}, {args.data}/meta.json)")
-    args.seq_len = meta["seq_len"]
-    cfg = flops.config_from_args(args, vocab_size=meta["vocab_size"])
-    if sum(x is not None for x in (args.flops, args.tokens, args.tokens_per_param)) > 1:
-        fail("give only one of --flops, --tokens, --tokens-per-param")
-    if args.batch_tokens % cfg.seq_len:
-        fail(f"--batch-tokens {args.batch_tokens} is not a multiple of the sequence length {cfg.seq_len}")
-    rows_per_step = args.batch_tokens // cfg.seq_len
-    if rows_per_step % WORLD:
-        fail(f"{rows_per_step} rows per step do not split over {WORLD} ranks")
-    rows_per_rank = rows_per_step // WORLD
-    if not args.device_batch:
-        args.device_batch = max(b for b in range(1, 17) if rows_per_rank % b == 0)
-    if rows_per_rank % args.device_batch:
-        fail(f"--device-batch {args.device_batch} does not divide the {rows_per_rank} rows per rank per step")
-    if args.flops is not None:
-        plan = flops.tokens_for_budget(cfg, args.flops, args.batch_tokens)
-        check_horizon("--flops", args.flops, plan["flops_actual"], plan["steps"], args.batch_tokens, "FLOPs")
-        return cfg, plan["steps"]
-    if args.tokens:
-        tokens, flag = args.tokens, "--tokens"
-    else:
-        tokens, flag = (args.tokens_per_param or 20) * flops.param_counts(cfg)["n_params"], "--tokens-per-param"
-    steps = max(1, round(tokens / args.batch_tokens))
-    check_horizon(flag, tokens, steps * args.batch_tokens, steps, args.batch_tokens, "tokens")
-    return cfg, steps
-
-
-def run_identity(args, meta, cfg, steps):
-    """(identity, run_id): everything that makes two runs the same run, and its sha256. Resume, reuse and
-    "already done" all compare it. ValueError for bad LR settings."""
-    base_lrs, lr_rule = lr_settings(args)
-    tokens_ref = args.ref_tokens or flops.reference_horizon(looped=cfg.r > 1)
-    lrs = learning_rates(cfg.d_model, args.batch_tokens, steps * args.batch_tokens, tokens_ref, base_lrs, **lr_rule)
-    dtype = args.dtype
-    if dtype == "auto":
-        dtype = "bfloat16" if args.device == "cuda" else "float32"
-    eval_rows = min(args.eval_rows, meta["val_rows"])
-    if eval_rows < args.eval_rows:
-        print0(f"train.py: --eval-rows {args.eval_rows} is more than the {meta['val_rows']} validation rows of "
-               f"{args.data}: evaluating all {eval_rows}", file=sys.stderr)
-    identity = {
-        "model": dataclasses.asdict(cfg),
-        "horizon": {"steps": steps, "batch_tokens": args.batch_tokens, "flops_budget": args.flops},
-        "lrs": lrs,
-        "base_lrs": base_lrs,
-        "lr_rule": lr_rule | {"ref_tokens": tokens_ref, "final_lr_frac": args.final_lr_frac},
-        "seed": args.seed,
-        "eval_rows": eval_rows,
-        "data": data_identity(meta),
-        "dtype": dtype,
-    }
-    identity = json.loads(json.dumps(identity))  # through JSON, so it compares equal to what files hold
-    run_id = hashlib.sha256(json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    return identity, run_id
-
-
-def refuse_other_run(path, record, ours):
-    """Exit 2 naming every identity field ("section.key (theirs -> ours)") where path's run differs."""
-    theirs = record.get("identity") or {}
-    diff = []
-    for key, b in ours.items():
-        a = theirs.get(key)
-        if isinstance(a, dict):
-            pairs = [(f"{key}.{k}", a.get(k), v) for k, v in b.items()]
-        else:
-            pairs = [(key, a, b)]
-        diff += [f"{name} ({str(x)[:16]} -> {str(y)[:16]})" for name, x, y in pairs if x != y]
-    listed = ", ".join(diff[:8])
-    if len(diff) > 8:
-        listed += " ..."
-    fail(f"{path} belongs to another run; it differs in {listed}. Use another --out")
-
-
-def finished_row(results, run_id):
-    """The row of run_id in the results file, or None (a torn or foreign line is not this run's row)."""
-    if results is None or not results.is_file():
-        return None
-    needle = f'"run_id": "{run_id}"'  # json.dumps' spelling: only candidate lines are parsed
-    for line in results.read_text().splitlines():
-        if needle in line:
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
-    return None
-
+# 1. Flags -> the run's identity -> what its folder holds, before any device or output is touched
 
 def main(argv=None):
     args = parse_args(argv)
@@ -218,13 +104,16 @@ def main(argv=None):
         fail("--device cuda but no CUDA device is visible")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:  # bad data, layout, LR settings or tokenizer: one line (prepare_data's DataError is a ValueError)
+    try:  # bad data, layout, horizon, LR settings or tokenizer: one line
         meta = read_meta(args.data, verify=False)  # keys and sizes; checksums below, for a run not done
-        cfg, steps = plan_run(args, meta)
+        cfg, steps = plan_run(args, meta, WORLD)
         identity, run_id = run_identity(args, meta, cfg, steps)
         tokenizer = load_tokenizer(args.data) if args.sample else None  # --sample's file, checked before the compute
     except ValueError as e:
         fail(str(e))
+    if identity["eval_rows"] < args.eval_rows:
+        print0(f"train.py: --eval-rows {args.eval_rows} is more than the {meta['val_rows']} validation rows of "
+               f"{args.data}: evaluating all {identity['eval_rows']}", file=sys.stderr)
     budget = f"C{args.flops:.3g}" if args.flops else f"steps{steps}"
     run_name = f"r{cfg.r}_s{cfg.scale:g}_rb{cfg.r_bwd}_{cfg.injection}_{budget}_seed{args.seed}"
     out = Path(args.out or f"runs/{run_name}")
@@ -253,22 +142,15 @@ def open_outputs(out, results):
     """Create the run folder and the results file now (a path that cannot be written fails before the
     compute, naming it); returns the folder's lock file."""
     try:
-        if out.exists() and not out.is_dir():
-            raise NotADirectoryError(20, "exists and is not a folder", str(out))
         out.mkdir(parents=True, exist_ok=True)
         lock = open(out / ".lock", "a")
         if results:
-            if results.is_dir():
-                raise IsADirectoryError(21, "is a folder", str(results))
             results.parent.mkdir(parents=True, exist_ok=True)
             open(results, "a").close()
     except OSError as e:
         fail(f"cannot write the outputs: {e.filename or out}: {e.strerror or e}")
     return lock
 
-
-# ----------------------------------------------------------------------------------------------
-# 2. A folder that already holds this run
 
 def report_finished(args, row, where, tokenizer):
     """A finished run asked for again: what it reached and where it lives; --sample samples its final weights."""
@@ -283,57 +165,23 @@ def report_finished(args, row, where, tokenizer):
     return 0
 
 
-def read_final(path):
-    """A run folder's final.json (its row), None if there is none; a damaged one is one line naming it."""
-    if not path.exists():
-        return None
-    try:
-        row = load_json(path, "final.json")
-    except ValueError as e:
-        fail(f"{e}: delete it (or the folder) to retrain the run")
-    if not isinstance(row, dict) or "run_id" not in row:
-        fail(f"{path}: not a run's final row (no run_id); delete it (or the folder) to retrain the run")
-    return row
-
-
-def settle(run):
-    """If `run.out` already holds a run: refuse another run's folder, reuse an identical sibling's
-    (--reuse-from), restore a finished run's missing row from its final.json, or report it as done.
-    Returns the exit code, or None when there is training to do."""
-    final_path = run.out / "final.json"
-    final = read_final(final_path)
-    if final and final.get("run_id") != run.run_id:
-        refuse_other_run(final_path, final, run.identity)
-    donor = None
-    if run.args.reuse_from:
-        donor = read_final(Path(run.args.reuse_from) / "final.json")
-    if not final and donor and donor.get("run_id") == run.run_id:
-        final = donor | {"out": str(run.out)}
-        if RANK == 0:
-            if run.results:
-                append_row(run.results, final)
-            atomic_write(final_path, (json.dumps(final, indent=1) + "\n").encode())
-        print(f"reused: {run.args.reuse_from}")
-        return 0
-    if final and run.results:  # finished, but its row is not in --results (main looked): write it back
-        if RANK == 0:
-            append_row(run.results, final)
-        print(f"restored: {run.results} had no row for the finished run in {run.out}; appended the row "
-              f"from its final.json (nothing retrained)")
-        return 0
-    if final:
-        return report_finished(run.args, final, f"{run.out} holds this run (final.json)", run.tokenizer)
-    if (run.out / "ckpt.pt").exists() and not run.args.resume:
-        fail(f"{run.out / 'ckpt.pt'} exists: pass --resume to continue it, or delete the folder to start over")
-    return None
-
-
 def train(run):
-    """Train the run in its locked folder, phase by phase. An OSError (a full disk) is one line naming the
-    file; the checkpoint written last is whole (atomic) and --resume continues from it."""
-    code = settle(run)
-    if code is not None:
-        return code
+    """Settle what the locked folder holds (runs.settle), then train it phase by phase. An OSError (a full
+    disk) is one line naming the file; the checkpoint written last is whole and --resume continues it."""
+    args = run.args
+    try:
+        outcome, row = settle(run.out, run.run_id, run.identity, run.results, args.reuse_from, args.resume, RANK)
+    except ValueError as e:
+        fail(str(e))
+    if outcome == "reused":
+        print(f"reused: {args.reuse_from}")
+        return 0
+    if outcome == "restored":
+        print(f"restored: {run.results} had no row for the finished run in {run.out}; appended the row from its "
+              f"final.json (nothing retrained)")
+        return 0
+    if outcome == "done":
+        return report_finished(args, row, f"{run.out} holds this run (final.json)", run.tokenizer)
     try:
         setup(run)
         code = train_loop(run)
@@ -349,7 +197,7 @@ def train(run):
 
 
 # ----------------------------------------------------------------------------------------------
-# 3. Devices, model, optimisers, resume, data
+# 2. Devices, model, optimisers, resume, data
 
 def setup(run):
     args, cfg = run.args, run.cfg
@@ -376,14 +224,12 @@ def setup(run):
     if RANK == 0:
         run_json = {"run_id": run.run_id, "identity": run.identity}
         atomic_write(run.out / "run.json", (json.dumps(run_json, indent=1) + "\n").encode())
-    run.train_loader = RowLoader(args.data, "train", args.device_batch, RANK, WORLD,
-                                 start_row=run.progress["train_row"])
+    run.train_loader = RowLoader(args.data, "train", args.device_batch, RANK, WORLD, run.progress["train_row"])
     eval_rows = run.identity["eval_rows"]
     val_batch = max(1, min(args.device_batch, eval_rows // WORLD))
     run.val_loader = RowLoader(args.data, "val", val_batch, RANK, WORLD)
     run.val_batches = max(1, eval_rows // (val_batch * WORLD))
-    run.compile_s = None
-    run.compiled = run.model
+    run.compiled, run.compile_s = run.model, None
     if args.compile:
         with run.autocast:  # compiled for the dtype it trains in
             run.compiled, run.compile_s = compile_or_eager(run.model, args.device_batch, cfg.seq_len)
@@ -395,43 +241,44 @@ def setup(run):
 def resume(run):
     """Continue from ckpt.pt (weights, optimiser states, loop progress, RNG) if it is this run's."""
     ckpt_path = run.out / "ckpt.pt"
-    try:  # weights_only: a shared checkpoint cannot run code on load
-        ckpt = torch.load(ckpt_path, map_location=run.device, weights_only=True)
-        if not isinstance(ckpt, dict):
-            raise TypeError(f"holds a {type(ckpt).__name__}, not a checkpoint dict")
-    except Exception as e:  # torch.load raises many kinds for an empty, truncated or foreign file
-        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else "empty or truncated file"
-        fail(f"{ckpt_path} cannot be loaded as a checkpoint of this train.py ({type(e).__name__}: {reason})")
-    if ckpt.get("run_id") != run.run_id:
-        refuse_other_run(ckpt_path, ckpt, run.identity)
-    run.model.load_state_dict(ckpt["model"])
-    for opt, state in zip(run.optimizers, ckpt["optimizers"]):
-        opt.load_state_dict(state)
-    run.progress = {key: ckpt[key] for key in PROGRESS_KEYS}
-    torch.set_rng_state(ckpt["rng_cpu"])
-    if run.device.type == "cuda" and ckpt.get("rng_cuda") is not None:
-        torch.cuda.set_rng_state(ckpt["rng_cuda"])
+    try:
+        run.progress = restore_checkpoint(ckpt_path, run.device, run.run_id, run.identity, run.model, run.optimizers)
+    except ValueError as e:
+        fail(str(e))
     print0(f"resumed {ckpt_path} at step {run.progress['step']}/{run.steps}")
 
 
-def weights_finite(run):
-    return bool(torch.stack([p.isfinite().all() for p in run.model.parameters()]).all())
+def compile_or_eager(model, batch_rows, seq_len):
+    """(torch.compile(model), seconds it took), compiled now by one throwaway forward+backward on a dummy
+    batch, so that a missing C++ compiler or an inductor error falls back to (model, seconds) with one line
+    on stderr instead of failing mid-run. RNG state and gradients are left as they were (a resumed run
+    stays exact). Called under the autocast the model trains in."""
+    t0 = time.time()
+    compiled = torch.compile(model)
+    device = next(model.parameters()).device
+    x = torch.zeros(batch_rows, seq_len, dtype=torch.long, device=device)
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            compiled(x, x.clone()).backward()  # distinct tensors: Dynamo guards on aliasing
+    except Exception as e:  # dynamo/inductor raise many kinds; all of them mean "run eagerly"
+        reason = str(e).strip()[:200]
+        print(f"torch.compile failed ({type(e).__name__}: {reason!r}); running eagerly", file=sys.stderr)
+        compiled = model
+    model.zero_grad(set_to_none=True)
+    return compiled, time.time() - t0
 
 
 def checkpoint(run, elapsed):
-    """Save the run's whole state to ckpt.pt (atomically: a crash or a full disk keeps the previous one).
-    Returns False, writing nothing, if a weight is no longer finite. A failed write raises OSError on rank 0,
-    after the barrier every rank meets, so the other ranks are not left waiting for it."""
-    if not weights_finite(run):
+    """ckpt.pt of the run's whole state (runs.save_checkpoint; atomic). Returns False, writing nothing, if a
+    weight is no longer finite. A failed write raises OSError on rank 0 after the barrier every rank meets,
+    so the other ranks are not left waiting for it."""
+    if not torch.stack([p.isfinite().all() for p in run.model.parameters()]).all():
         return False
     error = None
     if RANK == 0:
         progress = run.progress | {"train_row": run.train_loader.row, "wall_s": run.progress["wall_s"] + elapsed}
-        state = {"model": run.model.state_dict(), "optimizers": [opt.state_dict() for opt in run.optimizers],
-                 **progress, "rng_cpu": torch.get_rng_state(), "run_id": run.run_id, "identity": run.identity,
-                 "rng_cuda": torch.cuda.get_rng_state() if run.device.type == "cuda" else None}
         try:
-            atomic_write(run.out / "ckpt.pt", lambda f: torch.save(state, f))
+            save_checkpoint(run.out / "ckpt.pt", run.model, run.optimizers, progress, run.run_id, run.identity)
         except OSError as e:
             error = e
     if WORLD > 1:
@@ -450,7 +297,7 @@ def diverged(run, why):
 
 
 # ----------------------------------------------------------------------------------------------
-# 4. The training loop
+# 3. The training loop
 
 def print_header(run):
     args, summary, n_tokens = run.args, run.summary, run.steps * run.args.batch_tokens
@@ -509,15 +356,13 @@ def train_loop(run):
             opt.step()
         run.model.zero_grad(set_to_none=True)
         progress["step"] += 1
-        dt = time.time() - t0
-        if progress["step"] > 1 or run.steps == 1:  # the first step pays for allocator warm-up
+        step, dt = progress["step"], time.time() - t0
+        if step > 1 or run.steps == 1:  # the first step pays for allocator warm-up
             timed_tokens += args.batch_tokens
             timed_seconds += dt
         progress["tokens_per_s"] = timed_tokens / timed_seconds if timed_seconds else args.batch_tokens / dt
-        step = progress["step"]
         if RANK == 0 and (step % args.log_every == 0 or step == run.steps or step == 1):
-            eta = (run.steps - step) * timed_seconds / max(1, step - 1)
-            log_progress(run, lr_mult, eta)
+            log_progress(run, lr_mult, (run.steps - step) * timed_seconds / max(1, step - 1))
         stop = all_reduce_mean(float(bool(stop_requested)), run.device) > 0  # every rank stops together
         periodic = args.save_every and step % args.save_every == 0 and step < run.steps
         if (stop or periodic) and not checkpoint(run, time.time() - run.t_start):
@@ -552,7 +397,7 @@ def all_reduce_mean(value, device):
 
 
 # ----------------------------------------------------------------------------------------------
-# 5. The final checkpoint, validation, the row, final.json, samples
+# 4. The final checkpoint, validation, the row, final.json, samples
 
 @torch.no_grad()
 def validation_loss(run, r=None):
@@ -569,17 +414,16 @@ def validation_loss(run, r=None):
 def finish(run):
     """The final checkpoint first (a failed write is reported, the row is still written: the compute is not
     lost), then validation, the row (durable, under a lock) and only then final.json."""
-    if not weights_finite(run):
-        return diverged(run, "the weights are no longer finite")
     ckpt_error = None
     try:
-        checkpoint(run, time.time() - run.t_start)
+        if not checkpoint(run, time.time() - run.t_start):
+            return diverged(run, "the weights are no longer finite")
     except OSError as e:
         ckpt_error = e
     val_loss = validation_loss(run)
     extra_eval = {f"val_loss_r{r}": validation_loss(run, r) for r in run.args.eval_r}
     if RANK == 0:
-        row = final_row(run, val_loss, extra_eval)
+        row = results_row(run, val_loss, extra_eval, WORLD)
         extra = "".join(f", r={k[10:]}: {v:.4f}" for k, v in extra_eval.items())
         print(f"final val loss {val_loss:.4f} nats/token{extra} | wall {row['wall_s'] / 60:.1f}m")
         try:  # a full disk leaves the old results file whole and no final.json: a rerun writes the row
@@ -598,28 +442,6 @@ def finish(run):
                f"this run until it is retrained", file=sys.stderr)
         return 1
     return 0
-
-
-def final_row(run, val_loss, extra_eval):
-    """The results row: every ModelConfig field and count (flops.summary), the horizon, losses, LRs,
-    throughput, the data, and the run's identity; everything fit_laws.py needs."""
-    args, meta, progress = run.args, run.meta, run.progress
-    n_tokens = run.steps * args.batch_tokens
-    tokens_per_s = progress["tokens_per_s"]
-    mfu = flops.mfu(run.cfg, tokens_per_s, WORLD, run.device_name) if tokens_per_s else None
-    data_keys = ("tokenizer_kind", "tokenizer_sha256", "vocab_size", "seq_len", "train_rows", "val_rows",
-                 "train_tokens", "command")
-    data_meta = {k: meta.get(k) for k in data_keys}
-    data_meta["dir"] = str(Path(args.data).resolve())
-    data_meta["epochs"] = run.train_loader.row / max(1, meta["train_rows"])
-    return run.summary | dict(
-        tokens=n_tokens, steps=run.steps, flops_actual=run.summary["flops_per_token"] * n_tokens,
-        val_loss=val_loss, train_loss=progress["train_loss"], **extra_eval, eval_rows=run.identity["eval_rows"],
-        seed=args.seed, tokens_per_s=tokens_per_s, mfu=mfu, wall_s=progress["wall_s"] + time.time() - run.t_start,
-        compile_s=run.compile_s, lrs=run.identity["lrs"], base_lrs=run.identity["base_lrs"],
-        lr_rule=run.identity["lr_rule"], world_size=WORLD, device=run.device_name, dtype=run.identity["dtype"],
-        attention=run.backend, run=run.name, out=str(run.out), data_meta=data_meta, run_id=run.run_id,
-        identity=run.identity, finished=True)
 
 
 def print_samples(model, tokenizer, args, device, autocast):

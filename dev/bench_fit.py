@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fit_laws as fl  # noqa: E402  (first: it puts scipy's BLAS on one thread, for both sides)
+import laws  # noqa: E402
 import numpy as np  # noqa: E402
 from epoch_chinchilla import EPOCH_CSV, epoch_rows  # noqa: E402
 from scipy.optimize import minimize  # noqa: E402
@@ -72,7 +73,7 @@ def main():
     # Both sides run scipy's BLAS on one thread (fit_laws sets OPENBLAS_NUM_THREADS before scipy loads):
     # with the OpenBLAS thread pool the naive side ran another ~6x slower on a busy 2-core box, which
     # would flatter the comparison.
-    tight = dict(fl.LBFGS_OPTIONS)
+    tight = dict(laws.LBFGS_OPTIONS)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start "
           f"(the box is shared; wall times scale with the load)")
 
@@ -106,7 +107,7 @@ def main():
     rows = synthetic_rows(seed=0)
     res, t_full = timed(lambda: fl.analyse(rows, 500, 200, 16, 0, args.workers))
     joint = res["joint"]
-    c = fl._joint_arrays(rows)
+    c = laws._joint_arrays(rows)
     jargs = ((c["n_once"], c["n_rec"], c["r"]), np.log(c["tokens"]), np.log(c["val_loss"]))
     nr = args.naive_restarts
     naive_joint, t_nj = timed(lambda: naive_fit(jargs, nr, 0, True, tight))
@@ -125,11 +126,11 @@ def main():
     print(f"  speed-up: {t_naive_total / t_full:.0f}x")
 
     # Fast bootstrap refits (full-data local optima + 16 random starts) against 500 random starts
-    cell_of_run, r_of_cell = fl.bootstrap_cells(rows)
+    cell_of_run, r_of_cell = laws.bootstrap_cells(rows)
     print(f"\nbootstrap refits: full-data local optima + 16 random starts vs 500 random starts "
           f"({args.check_resamples} resamples)")
     for i in range(args.check_resamples):
-        w, rng = fl.resample_weights(0, i, cell_of_run, r_of_cell)
+        w, rng = laws.resample_weights(0, i, cell_of_run, r_of_cell)
         (slow, t_slow) = timed(lambda: fl.fit_joint(rows, 500, seed=1000 + i, weights=w, workers=args.workers))
         (quick, t_quick) = timed(lambda: fl.fit_joint(rows, 16, seed=2000 + i, weights=w, x0=joint["local_optima"]))
         print(f"  resample {i}: objective {quick['objective']:.10g} vs {slow['objective']:.10g} "

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import flops  # noqa: E402
-from model import GPT, activation_bytes  # noqa: E402
+from model import GPT  # noqa: E402
 
 
 class PlainGPT(nn.Module):
@@ -58,6 +58,21 @@ class PlainGPT(nn.Module):
         logits = self.head(self.n_out(x)).float()
         logits = 15 * torch.tanh(logits / 15)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def activation_bytes(model, idx):
+    """Bytes of the tensors autograd keeps for the backward pass of one training step on idx: the
+    activation memory that truncated BPTT saves (each storage counted once). Runs the backward."""
+    kept = {}
+
+    def pack(t):
+        kept[(t.untyped_storage().data_ptr(), t.dtype)] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(idx, idx)
+    loss.backward()
+    return sum(kept.values())
 
 
 def step_time(model, opt, idx):

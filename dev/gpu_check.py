@@ -65,6 +65,7 @@ from torch.nn.attention import SDPBackend
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import flops  # noqa: E402
+from common import atomic_write  # noqa: E402 (pure Python: the GPU box needs torch alone)
 from model import GPT, attention_backend  # noqa: E402
 from muonh import REF_BATCH_TOKENS, build_optimizers, learning_rates  # noqa: E402
 
@@ -217,19 +218,10 @@ def cell(value, width, spec):
     return ("-" if value is None else format(value, spec)).rjust(width)
 
 
-def save(path, text):
-    """Temp file + rename: the `timeout` backstop can kill us mid-write without leaving half a file.
-    (Not prepare_data.atomic_write: prepare_data imports pyarrow, tiktoken and requests, which the GPU
-    box need not have; this script needs torch alone.)"""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_outputs(out, stem, report):
     """JSON plus a readable table; rewritten after every configuration so a cut-short run keeps both."""
     out.mkdir(parents=True, exist_ok=True)
-    save(out / f"{stem}.json", json.dumps(report, indent=1) + "\n")
+    atomic_write(out / f"{stem}.json", (json.dumps(report, indent=1) + "\n").encode())
     env = report["environment"]
     lines = [f"{env['device']} | torch {env['torch']} (CUDA {env['cuda']}) | attention {env['attention_backend']}"
              f" (SDPA kernel {env.get('sdpa_kernel', 'unknown')})",
@@ -254,7 +246,7 @@ def write_outputs(out, stem, report):
     for text in sorted({w for row in report["configs"] for w in row.get("warnings", [])}):
         where = ", ".join(row["name"] for row in report["configs"] if text in row.get("warnings", []))
         lines.append(f"warning ({where}): {text}")
-    save(out / f"{stem}.txt", "\n".join(lines) + "\n")
+    atomic_write(out / f"{stem}.txt", ("\n".join(lines) + "\n").encode())  # a cut-short run keeps both files whole
     return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ from scipy.optimize import least_squares
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fit_laws as fl  # noqa: E402
+import laws  # noqa: E402
 
 # Coordinates (E, log A, log H, alpha, beta, kappa, log c, p, q): bounds, and the narrower ranges
 # random starts are drawn from (their App. C.3 "Solver").
@@ -117,7 +118,7 @@ def configurations(rows):
 def best_fit(d, starts, seed, workers=1):
     """Best converged of `starts` TRF runs from uniform random points in the App. C.3 ranges."""
     x0 = np.random.default_rng(seed).uniform(INIT_LO, INIT_HI, size=(starts, len(LO)))
-    runs = fl.multistart(_trf, d, x0, workers)
+    runs = laws.multistart(_trf, d, x0, workers)
     conv = [run for run in runs if run[2]]
     sse, theta, ok, _ = min(conv or runs, key=lambda run: run[0])
     return {**coefficients(theta), "sse": sse, "converged": ok, "converged_starts": len(conv), "starts": starts,
@@ -159,7 +160,7 @@ def holdout(rows, family, starts=64, seed=SEED, workers=1):
         raise ValueError(f"holdout: family must be one of {', '.join(FAMILIES)}")
     d = configurations(rows)
     folds = sorted(set(d[family].tolist()))
-    results = fl.pmap(_fold, [(d, d[family] == lab, starts, seed + j) for j, lab in enumerate(folds)], workers)
+    results = laws.pmap(_fold, [(d, d[family] == lab, starts, seed + j) for j, lab in enumerate(folds)], workers)
     err = np.array([e for errs, _ in results for e in errs])
     return {"family": family, "fits": len(folds), "rmse": float(np.sqrt(np.mean(err ** 2))),
             "mae": float(np.mean(np.abs(err))), "bias": float(np.mean(err)), "max_error": float(np.abs(err).max()),

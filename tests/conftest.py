@@ -25,12 +25,12 @@ def sample_data(tmp_path_factory):
 
 
 def meta_only_dataset(folder, **meta):
-    """A dataset folder that passes prepare_data.read_meta(verify=False) with no token rows (empty .bin files):
+    """A dataset folder that passes dataloader.read_meta(verify=False) with no token rows (empty .bin files):
     for what reads only meta.json (flops.py's pricing, sweep.sh). `meta` sets vocab_size, train_tokens, ..."""
-    import prepare_data
+    import dataloader
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    full = {"format": prepare_data.FORMAT, "tokenizer_kind": "bpe", "tokenizer_file": "tokenizer.tiktoken",
+    full = {"format": dataloader.FORMAT, "tokenizer_kind": "bpe", "tokenizer_file": "tokenizer.tiktoken",
             "tokenizer_sha256": "0" * 64, "vocab_size": 2048, "bos_id": 2047, "seq_len": 128, "row_len": 129,
             "train_rows": 0, "val_rows": 0, "train_tokens": 10 ** 8, "train_sha256": "0" * 64,
             "val_sha256": "0" * 64, "packing": {"method": "split"}}

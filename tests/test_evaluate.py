@@ -24,6 +24,7 @@ import torch.nn as nn
 
 import eval_tasks
 import evaluate
+import dataloader
 import prepare_data
 from fit_laws import category_losses
 from flops import ModelConfig
@@ -35,7 +36,7 @@ TINY = dict(r=2, scale=0.25, depth=4, prelude=1, coda=1, head_dim=8, vocab_size=
 
 @pytest.fixture(scope="module")
 def tokenizer(sample_data):
-    return prepare_data.load_tokenizer(sample_data)
+    return dataloader.load_tokenizer(sample_data)
 
 
 def make_run(folder, data_dir, seed=0):
@@ -43,8 +44,8 @@ def make_run(folder, data_dir, seed=0):
     cfg = ModelConfig(**TINY)
     torch.manual_seed(seed)
     model = GPT(cfg)
-    meta = prepare_data.read_meta(data_dir, verify=False)
-    identity = {"model": dataclasses.asdict(cfg), "data": prepare_data.data_identity(meta), "seed": seed,
+    meta = dataloader.read_meta(data_dir, verify=False)
+    identity = {"model": dataclasses.asdict(cfg), "data": dataloader.data_identity(meta), "seed": seed,
                 "dtype": "float32"}
     run_id = f"{seed:064x}"
     folder.mkdir(parents=True)
@@ -461,9 +462,35 @@ def test_rows_per_run_task_and_r_and_a_rerun_loads_nothing(run_dir, tasks_dir, t
         assert category_losses(rows, categories)[(var["run_id"], r)] == {"reasoning_primitives": pytest.approx(want)}
         assert f"categories tiny_r2 r={r}: reasoning_primitives {want:.4f}" in out.out
     # Rerun: every (run_id, task, r) is done, so the checkpoint is never even opened.
-    monkeypatch.setattr(evaluate, "load_model", lambda *a: pytest.fail("a finished run was loaded again"))
+    monkeypatch.setattr(evaluate, "load_run_model", lambda *a: pytest.fail("a finished run was loaded again"))
     assert cli(*args) == 0 and read_rows(results) == rows
     assert "already done" in capsys.readouterr().err
+
+
+def test_a_row_loss_is_the_tasks_gold_nats_over_its_gold_tokens(run_dir, tokenizer, tmp_path):
+    """App. I.1 (Heineman et al.): a task's loss in its row is the summed gold-continuation nats of all its
+    items over their summed continuation tokens (items of 1 to 6 tokens: not a mean over items), recomputed
+    here with one unpadded forward per item of the run's final weights."""
+    items = {"lm": [{"context": f"Fact {k}: the value is", "continuation": text} for k, text in
+                    enumerate(["one", "twenty seven units", "a long answer of several words"])],
+             "mc": [{"query": "Which one?", "choices": ["the first of them", "b"], "gold": 0},
+                    {"query": "Then?", "choices": ["x", "y and z"], "gold": 1}]}
+    eval_tasks.write_bundle(tmp_path / "tasks" / "multi", [
+        {"label": "lm", "type": "language_modeling", "num_fewshot": 0, "delimiter": " ", "baseline": 0,
+         "items": items["lm"]},
+        {"label": "mc", "type": "multiple_choice", "num_fewshot": 0, "delimiter": " ", "baseline": 50,
+         "items": items["mc"]}])
+    results = tmp_path / "eval.jsonl"
+    assert cli(run_dir, "--bundles", "multi", "--tasks-dir", tmp_path / "tasks", "--results", results) == 0
+    model = evaluate.load_run_model(run_dir, "cpu")
+    for row in read_rows(results):
+        t = task("language_modeling" if row["task"] == "lm" else "multiple_choice", items[row["task"]])
+        nats, tokens = 0.0, 0
+        for gold, options in evaluate.encode_task(t, tokenizer):
+            seq, n, _ = evaluate.fit_window(tokenizer.bos_id, *options[gold], 64)
+            nats, tokens = nats + direct_nats(model, seq, n), tokens + n
+        assert row["continuation_tokens"] == tokens > row["items"] == len(items[row["task"]])
+        assert row["loss"] == pytest.approx(nats / tokens, rel=1e-5)
 
 
 def test_max_items_is_a_fixed_uniform_subsample(run_dir, tasks_dir, tmp_path):
@@ -511,7 +538,7 @@ def test_bad_runs_are_one_line_and_exit_2(run_dir, sample_data, tasks_dir, tmp_p
     assert "unknown task nope" in fails(capsys, run_dir, "--tasks", "nope", *common)
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    assert "cannot be written" in fails(capsys, run_dir, "--tasks-dir", tasks_dir, "--results", blocker / "r.jsonl")
+    assert "cannot write" in fails(capsys, run_dir, "--tasks-dir", tasks_dir, "--results", blocker / "r.jsonl")
     assert "--results" in fails(capsys, run_dir, "--tasks-dir", tasks_dir)
     assert not (tmp_path / "r.jsonl").exists()
 

@@ -22,6 +22,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "dev")]
 
 import epoch_chinchilla  # noqa: E402
 import fit_laws as fl  # noqa: E402
+import laws  # noqa: E402
 import flops  # noqa: E402
 import synthetic_sweep as ss  # noqa: E402
 import truncate_law as tlaw  # noqa: E402
@@ -65,17 +66,17 @@ def test_synthetic_sweep_is_the_paper_grid_with_sane_losses(sweep):
 
 def test_objective_gradient_is_analytic_and_exact(sweep):
     rows = sweep[0]
-    c = fl._joint_arrays(rows)
+    c = laws._joint_arrays(rows)
     rng = np.random.default_rng(3)
     for phi in (None, 0.5):
-        prob = fl._problem(c["n_once"], c["n_rec"], c["r"], c["tokens"], c["val_loss"], phi=phi,
+        prob = laws._problem(c["n_once"], c["n_rec"], c["r"], c["tokens"], c["val_loss"], phi=phi,
                            weights=rng.integers(0, 3, len(rows)))
         k = len(prob["lo"])
         for _ in range(3):
             theta = np.array([6.0, 7.0, 0.6, 0.34, 0.37, 0.4])[:k] + rng.normal(0, 0.05, k)
-            f, g = fl._objective(theta, prob)
+            f, g = laws._objective(theta, prob)
             h = 1e-7
-            num = np.array([(fl._objective(theta + h * e, prob)[0] - fl._objective(theta - h * e, prob)[0]) / (2 * h)
+            num = np.array([(laws._objective(theta + h * e, prob)[0] - laws._objective(theta - h * e, prob)[0]) / (2 * h)
                             for e in np.eye(k)])
             assert np.allclose(g, num, rtol=1e-5, atol=1e-10)
 
@@ -178,10 +179,10 @@ def test_budget_halves_split_like_the_paper(sweep):
 
 def test_fast_bootstrap_refits_land_on_the_full_restart_optimum(sweep):
     rows, joint, _ = sweep
-    cell_of_run, r_of_cell = fl.bootstrap_cells(rows)
+    cell_of_run, r_of_cell = laws.bootstrap_cells(rows)
     assert len(r_of_cell) == 24  # 6 budgets x 4 architectures
     for i in (0, 1, 2):
-        w, _ = fl.resample_weights(0, i, cell_of_run, r_of_cell)
+        w, _ = laws.resample_weights(0, i, cell_of_run, r_of_cell)
         assert w.sum() == pytest.approx(116, rel=0.6)  # 24 cells drawn, ~4.8 runs each
         full = fl.fit_joint(rows, restarts=200, seed=100 + i, weights=w, workers=2)
         fast = fl.fit_joint(rows, restarts=8, seed=200 + i, weights=w, x0=joint["local_optima"])
@@ -196,9 +197,9 @@ def test_bootstrap_is_deterministic_and_worker_independent(sweep):
     assert a["draws"]["phi"] == b["draws"]["phi"]
     # Draw i is the joint refit on resample i's cell weights (seed, i), from the full fit's optima plus
     # that resample's own random starts: nothing else (worker split, other resamples) enters it.
-    cell_of_run, r_of_cell = fl.bootstrap_cells(rows)
+    cell_of_run, r_of_cell = laws.bootstrap_cells(rows)
     for i in (0, 5):
-        w, rng = fl.resample_weights(11, i, cell_of_run, r_of_cell)
+        w, rng = laws.resample_weights(11, i, cell_of_run, r_of_cell)
         starts = np.vstack([joint["local_optima"], rng.uniform(fl.BOX_LO, fl.BOX_HI, size=(2, 6))])
         refit = fl.fit_joint(rows, restarts=0, weights=w, x0=starts)
         assert a["draws"]["phi"][i] == refit["phi"]
@@ -226,10 +227,10 @@ def test_delta_phi_detects_a_weaker_recipe():
 def test_frontier_minimises_loss_over_the_width_family(sweep):
     rows, joint, _ = sweep
     r4 = [row for row in rows if row["r"] == 4]
-    fam = fl.width_family(r4[0], max_scale=120)
+    fam = laws.width_family(r4[0], max_scale=120)
     assert fam["source"] == "flops.py"
     for C in (1e18, 1e19):
-        pt = fl.frontier_point(joint, fam, C, r=4, joint=True)
+        pt = laws.frontier_point(joint, fam, C, r=4, joint=True)
         # brute force over every even width with flops.py directly
         best = min(float(fl.law_loss(joint, fam["n_once"][i], fam["n_rec"][i], 4, C / fam["F"][i]))
                    for i in range(len(fam["N"])))
@@ -384,10 +385,10 @@ def test_cli_errors_are_one_line_before_any_fit(tmp_path):
                          ([CPU_MICRO, "--plots", a_file], "cannot write"),
                          ([CPU_MICRO, "--compare", tmp_path / "missing.jsonl"], "no such file"),
                          # non-finite or meaningless numbers were once accepted
-                         (["--equiv", "4", "32", "--phi", "nan"], "expected a finite number"),
-                         ([CPU_MICRO, "--restarts", "0"], "expected an integer >= 1"),
+                         (["--equiv", "4", "32", "--phi", "nan"], "invalid finite number value"),
+                         ([CPU_MICRO, "--restarts", "0"], "invalid integer >= 1 value"),
                          ([CPU_MICRO, "--bootstrap", "1"], "0 (off) or at least 2"),
-                         ([CPU_MICRO, "--equiv", "4", "inf"], "expected an integer >= 1")):
+                         ([CPU_MICRO, "--equiv", "4", "inf"], "invalid integer >= 1 value")):
         proc = fit_cli(*args, "--workers", "1", timeout=120)
         *dropped, err = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and proc.stdout == "", (args, proc.stdout[-300:])  # nothing fitted first
@@ -430,7 +431,7 @@ def test_duplicates_are_found_by_run_id_first():
 
 def test_unconverged_fit_is_reported_as_such(sweep, monkeypatch):
     rows = sweep[0]
-    monkeypatch.setitem(fl.LBFGS_OPTIONS, "maxiter", 2)
+    monkeypatch.setitem(laws.LBFGS_OPTIONS, "maxiter", 2)
     res = fl.analyse(rows, restarts=2, boot=0, workers=1)
     assert not res["joint"]["converged"]
     lines = []

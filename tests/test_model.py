@@ -1,12 +1,19 @@
 """The looped transformer, as the paper describes it (§3.1, §5, App. C): each test is one claim."""
+import math
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from flops import ModelConfig
-from model import GPT, activation_bytes, attention_backend, causal_attention, embedding_dtype
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
+from bench_model import activation_bytes  # noqa: E402 (dev/: the memory truncated BPTT saves, as measured there)
+from model import (GPT, apply_rope, attention_backend, causal_attention, embedding_dtype,  # noqa: E402
+                   rope_tables)
 
 
 def tiny(**kw):
@@ -29,6 +36,96 @@ def shared_block_calls(model):
     calls = []
     handle = model.recur[0].register_forward_pre_hook(lambda mod, args: calls.append(args[0].requires_grad))
     return calls, handle
+
+
+def off_init(model, scale=0.05, seed=3):
+    """Move every weight off its init (W_inj = [I|0], alpha one-hot, M = I, beta = 1 make loops degenerate)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=generator))
+    return model
+
+
+def run_blocks(model, blocks, x):
+    rope = (model.rope_cos, model.rope_sin)
+    for block in blocks:
+        x = block(x, rope, model.backend)
+    return x
+
+
+def one_loop(model, u):
+    """One recurrence: the shared block, then the recurrent RMSNorm (§3.1)."""
+    return model.norm_recur(run_blocks(model, model.recur, u))
+
+
+def head(model, x):
+    """Coda, final norm, lm_head, the soft-cap at 15, the padding columns cut."""
+    logits = model.lm_head(model.norm_final(run_blocks(model, model.coda, x))).float()
+    return (15 * torch.tanh(logits / 15))[..., :model.cfg.vocab_size]
+
+
+def forward_by_hand(model, idx, r):
+    """The looped forward of §3.1 / §5.2 written out loop by loop, for any loop count r (App. A):
+    e = prelude(norm(wte(idx))); s_0 = e (0 for additive); u_t = inject(e, s_{t-1}); s_t = norm(shared(u_t)).
+    Hyperconnections: K lanes start as e; step t (the trained r's last step beyond it) reads
+    u = sum_k alpha_t[k] lane_k and writes lane_k <- sum_j M_t[k, j] lane_j + beta_t[k] s; the coda reads the sum."""
+    cfg = model.cfg
+    e = run_blocks(model, model.prelude, model.norm_embed(model.wte(idx)))
+    if cfg.injection == "hyper":
+        K = cfg.hc_lanes
+        lanes = [e] * K
+        for t in range(r):
+            p = min(t, cfg.r - 1)
+            s = one_loop(model, sum(model.hc_alpha[p, k] * lanes[k] for k in range(K)))
+            lanes = [sum(model.hc_mix[p, k, j] * lanes[j] for j in range(K)) + model.hc_beta[p, k] * s
+                     for k in range(K)]
+        return head(model, sum(lanes))
+    s = torch.zeros_like(e) if cfg.injection == "additive" else e
+    for _ in range(r):
+        if cfg.injection == "linear":
+            u = torch.cat([e, s], dim=-1) @ model.w_inj.weight.T
+        elif cfg.injection == "additive":
+            u = s + e
+        else:  # passthrough
+            u = s
+        s = one_loop(model, u)
+    return head(model, s)
+
+
+def rope_by_hand(x, base=10000.0):
+    """RoPE on (B, T, H, D) written from its definition, in float64: at position t the pair (x_i, x_{i+D/2})
+    is rotated by the angle t * base^(-2i/D)."""
+    D = x.size(-1)
+    half = D // 2
+    t = torch.arange(x.size(1), dtype=torch.float64)[:, None]
+    angle = t * torch.tensor([base ** (-2 * i / D) for i in range(half)], dtype=torch.float64)[None, :]
+    cos, sin = angle.cos()[:, None, :], angle.sin()[:, None, :]
+    a, b = x[..., :half].double(), x[..., half:].double()
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+
+def rms_by_hand(x, weight=None):
+    y = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return y if weight is None else y * weight
+
+
+def block_by_hand(block, x, head_dim):
+    """nanochat's block from its definition: x + attn(norm(x)), then x + W_2 relu(W_1 norm(x))^2, where attn
+    rotates q and k by RoPE, RMS-normalises each head of q and k (QK-norm, no parameters) and takes the
+    causal softmax of q.k / sqrt(head_dim)."""
+    B, T, d = x.shape
+    H = d // head_dim
+    attn = block.attn
+    h = rms_by_hand(x, block.norm_1.weight)
+    q, k, v = ((h @ lin.weight.T).view(B, T, H, head_dim) for lin in (attn.c_q, attn.c_k, attn.c_v))
+    q, k = rms_by_hand(rope_by_hand(q)).float(), rms_by_hand(rope_by_hand(k)).float()
+    scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(head_dim)
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    y = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v).reshape(B, T, d) @ attn.c_proj.weight.T
+    x = x + y
+    h = rms_by_hand(x, block.norm_2.weight)
+    return x + torch.relu(h @ block.mlp.c_fc.weight.T).square() @ block.mlp.c_proj.weight.T
 
 
 def test_truncated_bptt_same_forward_and_no_grad_in_early_loops():
@@ -59,6 +156,34 @@ def test_truncation_lowers_training_memory():
     assert mem[2] - mem[1] == pytest.approx(per_loop, rel=0.02)
 
 
+def relative_difference(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def test_truncated_bptt_gradient_flows_only_through_the_last_r_bwd_loops():
+    """§5.1: with r_bwd = k the first r - k loops are a constant input to the last k. The gradient of every
+    parameter equals the one computed by hand with the early state detached, and differs from full BPTT's."""
+    idx = tokens()
+    grads = {}
+    for r_bwd in (2, 4):
+        model = off_init(make(r_bwd=r_bwd))
+        F.cross_entropy(model(idx).reshape(-1, 300), idx.reshape(-1)).backward()
+        grads[r_bwd] = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model = off_init(make(r_bwd=2))
+    e = run_blocks(model, model.prelude, model.norm_embed(model.wte(idx)))
+    s = e
+    with torch.no_grad():
+        for _ in range(2):
+            s = one_loop(model, torch.cat([e, s], dim=-1) @ model.w_inj.weight.T)
+    for _ in range(2):
+        s = one_loop(model, torch.cat([e, s], dim=-1) @ model.w_inj.weight.T)
+    F.cross_entropy(head(model, s).reshape(-1, 300), idx.reshape(-1)).backward()
+    for name, p in model.named_parameters():
+        assert relative_difference(grads[2][name], p.grad) < 1e-4, name
+    for name in ("recur.0.attn.c_q.weight", "w_inj.weight", "prelude.0.mlp.c_fc.weight"):
+        assert relative_difference(grads[2][name], grads[4][name]) > 1e-2, name  # the truncation cut paths
+
+
 def test_linear_injection_starts_as_identity_on_e():
     model = make(injection="linear")
     e, s = torch.randn(2, 5, model.cfg.d_model), torch.randn(2, 5, model.cfg.d_model)
@@ -80,6 +205,11 @@ def test_hyperconnections_init_semantics():
     expected = lanes[0] + lanes[1]
     assert torch.allclose(model.hyper_recurrence(e, 3, rope), expected, atol=1e-5)
     assert model.hc_alpha.shape == (4, 2) and model.hc_mix.shape == (4, 2, 2)
+    # The parameters themselves (lanes stay equal at init, so the forward alone cannot tell lane 0 from lane t mod K).
+    for K in (2, 3):
+        hyper = make(injection="hyper", hc_lanes=K, r=4)
+        assert torch.equal(hyper.hc_alpha, torch.eye(K)[torch.arange(4) % K])
+        assert torch.equal(hyper.hc_mix, torch.eye(K).expand(4, K, K)) and torch.equal(hyper.hc_beta, torch.ones(4, K))
 
 
 def test_hyper_rejects_truncation():
@@ -116,18 +246,19 @@ def test_r1_is_a_plain_gpt():
         assert torch.allclose(model(idx), logits, atol=1e-6)
 
 
-def test_eval_with_other_loop_count():
-    for injection in ("linear", "hyper"):
-        model = make(injection=injection)
-        with torch.no_grad():  # move off the init, where W_inj = [I|0] makes the loop ignore s
-            for p in model.parameters():
-                p.add_(0.05 * torch.randn_like(p))
-        idx = tokens()
-        with torch.no_grad():
-            trained = model(idx, idx)
-            more, fewer = model(idx, idx, r=8), model(idx, idx, r=2)
-        assert torch.isfinite(more) and torch.isfinite(fewer)
-        assert more != trained and fewer != trained
+@pytest.mark.parametrize("injection", ["linear", "additive", "passthrough", "hyper"])
+@pytest.mark.parametrize("r_eval", [2, 4, 7])
+def test_eval_at_another_loop_count_is_the_recurrence_unrolled_r_eval_times(injection, r_eval):
+    """App. A: model(idx, r=R) runs the trained block R times with the same injection, fewer or more loops
+    than the r = 4 it was trained with; the forward equals the loops written out by hand (off the init,
+    where W_inj = [I|0] and the hyperconnections' identity would hide a wrong state or step)."""
+    model = off_init(make(injection=injection))
+    idx = tokens()
+    with torch.no_grad():
+        got = model(idx, r=r_eval)
+        assert torch.allclose(got, forward_by_hand(model, idx, r_eval), atol=1e-5)
+        if r_eval != 4:
+            assert not torch.allclose(got, model(idx), atol=1e-3)  # the loop count really changed the output
 
 
 def test_initialisation():
@@ -148,6 +279,12 @@ def test_vocab_padded_and_logits_sliced():
     model = make(vocab_size=300)
     assert model.wte.weight.shape[0] == 320 and model.lm_head.weight.shape[0] == 320
     assert model(tokens()).shape == (2, 32, 300)
+
+
+@pytest.mark.parametrize("vocab, padded", [(32001, 32064), (32064, 32064), (300, 320), (320, 320), (321, 384)])
+def test_vocab_is_padded_up_to_a_multiple_of_64(vocab, padded):
+    """Llama 2's 32,000 pieces + <|assistant_end|> = 32,001 ids become the paper's V = 32,064 (§4.1)."""
+    assert ModelConfig(r=4, scale=10, vocab_size=vocab).padded_vocab == padded
 
 
 def test_logits_softcapped():
@@ -194,6 +331,73 @@ def test_attention_backend_follows_device_and_installed_kernels(monkeypatch):
         name, fn = attention_backend("cuda")
         assert name == expected and (fn is None if name == "sdpa" else fn() == name)
         assert attention_backend("cpu") == ("sdpa", None)
+
+
+# ----------------------------------------------------------------------------------------------
+# The block (nanochat's): RoPE then QK-norm, pre-norm, squared ReLU
+
+def test_rope_rotates_each_pair_by_position_times_frequency():
+    """RoPE (base 10000, rotate halves): at position t the pair (x_i, x_{i+D/2}) turns by t * 10000^(-2i/D)."""
+    x = torch.randn(2, 12, 3, 8)
+    got = apply_rope(x, *rope_tables(12, 8, None))
+    assert torch.allclose(got.double(), rope_by_hand(x), atol=1e-5)
+    assert torch.equal(got[:, 0], x[:, 0])  # position 0 is not rotated
+    assert torch.allclose(got.norm(dim=-1), x.norm(dim=-1), atol=1e-5)  # a rotation keeps each head's norm
+
+
+def test_rope_scores_depend_on_the_offset_between_positions_only():
+    """q_m . k_n after RoPE depends on n - m: shifting every position by 7 leaves all scores unchanged,
+    although each rotated vector moved (the positions are really encoded)."""
+    T, D, c = 10, 16, 7
+    q, k = torch.randn(2, 1, T, 2, D).unbind(0)
+    cos, sin = rope_tables(T + c, D, None)
+
+    def rotated(x, shift):
+        return apply_rope(x, cos[shift:shift + T], sin[shift:shift + T])
+    scores = {shift: torch.einsum("bthd,bshd->bhts", rotated(q, shift), rotated(k, shift)) for shift in (0, c)}
+    assert torch.allclose(scores[0], scores[c], atol=1e-4)
+    assert not torch.allclose(rotated(q, 0), rotated(q, c), atol=1e-2)
+    assert not torch.allclose(scores[0], torch.einsum("bthd,bshd->bhts", q, k), atol=1e-2)
+
+
+def test_rope_makes_attention_see_the_order_of_the_context():
+    """Softmax attention without positions is a function of the set of earlier tokens: reversing the
+    context leaves the last token's output as it was. With RoPE (the model's tables) it changes."""
+    model = off_init(make())
+    attn, T = model.recur[0].attn, 32
+    x = torch.randn(1, T, model.cfg.d_model)
+    reversed_context = x[:, list(range(T - 2, -1, -1)) + [T - 1]]
+    rope = (model.rope_cos, model.rope_sin)
+    no_positions = (torch.ones_like(model.rope_cos), torch.zeros_like(model.rope_sin))  # angle 0 everywhere
+    with torch.no_grad():
+        last = {name: attn(inp, tables, model.backend)[0, -1] for name, inp, tables in [
+            ("rope", x, rope), ("rope reversed", reversed_context, rope),
+            ("none", x, no_positions), ("none reversed", reversed_context, no_positions)]}
+    assert torch.allclose(last["none"], last["none reversed"], atol=1e-5)  # the claim's premise
+    assert not torch.allclose(last["rope"], last["rope reversed"], atol=1e-3)
+
+
+def test_qk_norm_makes_attention_independent_of_the_scale_of_wq_and_wk():
+    """Parameter-free QK-norm after RoPE: the scores are q.k / sqrt(D) of unit-RMS heads, so scaling W_q by
+    30 and W_k by 1/2 (which would scale every attention logit by 15 without it) changes nothing."""
+    model = off_init(make())
+    attn, rope = model.recur[0].attn, (model.rope_cos, model.rope_sin)
+    x = torch.randn(2, 32, model.cfg.d_model)
+    with torch.no_grad():
+        before = attn(x, rope, model.backend)
+        attn.c_q.weight.mul_(30.0)
+        attn.c_k.weight.mul_(0.5)
+        assert torch.allclose(attn(x, rope, model.backend), before, atol=2e-5)
+
+
+def test_block_is_prenorm_attention_then_squared_relu_mlp():
+    """A block equals its definition written out by hand (RoPE, QK-norm, causal softmax, squared ReLU)."""
+    model = off_init(make())
+    x = torch.randn(2, 32, model.cfg.d_model)
+    with torch.no_grad():
+        for block in (model.prelude[0], model.recur[0], model.coda[1]):
+            got = block(x, (model.rope_cos, model.rope_sin), model.backend)
+            assert torch.allclose(got, block_by_hand(block, x, model.cfg.head_dim), atol=1e-5)
 
 
 def test_sdpa_attention_is_causal_softmax_attention():

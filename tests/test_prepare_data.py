@@ -24,6 +24,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "fineweb-edu-sample"
 sys.path.insert(0, str(REPO))
+import common  # noqa: E402
+import dataloader  # noqa: E402
 import prepare_data as pdata  # noqa: E402
 
 def sha(path):
@@ -45,7 +47,7 @@ def error_of(*args):
     with pytest.raises(SystemExit) as e, contextlib.redirect_stderr(err):
         pdata.main(list(map(str, args)))
     last = err.getvalue().strip().splitlines()[-1]
-    assert e.value.code == 2 and last.startswith("prepare_data.py: error:")
+    assert e.value.code == 2 and last.startswith("prepare_data.py: ")
     assert "Traceback" not in err.getvalue()
     return last
 
@@ -233,7 +235,7 @@ def test_paper_download_path_end_to_end(server, sp_model, tmp_path, capsys):
     assert meta["tokenizer_kind"] == "llama2" and meta["tokenizer_sha256"] == hashlib.sha256(sp_model).hexdigest()
     assert (meta["vocab_size"], meta["bos_id"]) == (401, 1)  # base + 1, as Llama 2's 32,000 -> 32,001
     assert meta["special_tokens"] == {"<s>": 1, "<|assistant_end|>": 400}
-    assert meta["packing"]["method"] == "crop" and pdata.data_identity(meta)["packing"] == "crop"
+    assert meta["packing"]["method"] == "crop" and dataloader.data_identity(meta)["packing"] == "crop"
     assert meta["split"] == {"val_files": ["shard_01822.parquet"]}
     # Every row starts at a document start. Every document is longer than a 65-token row, so each
     # one became exactly one row, its head, and most tokens were cropped.
@@ -245,7 +247,7 @@ def test_paper_download_path_end_to_end(server, sp_model, tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"{100 * meta['cropped_fraction']:.2f}% of tokens cropped" in out
     assert f"training tokens: {meta['train_tokens']:,}" in out
-    tok = pdata.load_tokenizer(tmp_path / "one")
+    tok = dataloader.load_tokenizer(tmp_path / "one")
     assert tok.vocab_size == 401 and tok.decode(tok.encode("Hi") + [400, 400]) == "Hi" + 2 * "<|assistant_end|>"
     # flops.py / train.py size the model from meta's vocab, padded to a multiple of 64 (32,001 -> 32,064).
     assert flops.ModelConfig(vocab_size=meta["vocab_size"]).padded_vocab == 448
@@ -368,9 +370,9 @@ def test_packing_invariants_on_random_documents():
 # ---------------------------------------------------------------------------------------------
 
 def test_validation_documents_never_appear_in_train(built):
-    meta = pdata.read_meta(built)
+    meta = dataloader.read_meta(built)
     assert (meta["train_docs"], meta["val_docs"]) == (135, 15)
-    tok = pdata.load_tokenizer(built)
+    tok = dataloader.load_tokenizer(built)
     train = np.fromfile(built / "train.bin", dtype=np.uint16)
     val = np.fromfile(built / "val.bin", dtype=np.uint16)
     heads = [np.array([tok.bos_id] + tok.encode(t)[:20]) for t in sample_texts()]
@@ -456,8 +458,8 @@ def test_a_damaged_xz_source_is_one_line_naming_the_file(tmp_path):
 
 
 def test_bpe_tokenizer_round_trip_and_bos(built):
-    tok = pdata.load_tokenizer(built)
-    meta = pdata.read_meta(built)
+    tok = dataloader.load_tokenizer(built)
+    meta = dataloader.read_meta(built)
     assert (tok.vocab_size, tok.bos_id) == (meta["vocab_size"], meta["bos_id"]) == (512, 511)
     assert meta["tokenizer_sha256"] == sha(built / "tokenizer.tiktoken")
     for text in sample_texts():
@@ -494,7 +496,7 @@ def test_sentencepiece_tokenizer_on_local_text(sp_model, tmp_path):
     meta = build(out, *args)
     assert meta["tokenizer_kind"] == "llama2" and meta["tokenizer_sha256"] == sha(model_path)
     assert (meta["vocab_size"], meta["bos_id"]) == (401, 1)  # 400 pieces + <|assistant_end|>
-    tok = pdata.load_tokenizer(out)
+    tok = dataloader.load_tokenizer(out)
     for text in sample_texts()[:20]:
         ids = tok.encode(text)
         assert 1 not in ids and 400 not in ids and tok.decode(ids) == text
@@ -538,7 +540,7 @@ def test_bad_sources_name_the_file(tmp_path):
     shard[2000:60000] = bytes(58000)
     bad.write_bytes(bytes(shard))
     msg = error_of("--source", bad, *out)
-    assert msg.startswith(f"prepare_data.py: error: {bad}: cannot be read")
+    assert msg.startswith(f"prepare_data.py: {bad}: cannot be read")
 
     bad = src / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"text": 3}\n')
@@ -579,7 +581,7 @@ def test_cli_reports_one_line_and_fails(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "prepare_data.py"), "--vocab-size", "70000",
                         "--source", str(tmp_path), "--out", str(tmp_path / "o")], capture_output=True, text=True)
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.strip().startswith("prepare_data.py: error: argument --vocab-size: 70000 is not in")
+    assert r.stderr.strip().startswith("prepare_data.py: argument --vocab-size: 70000 is not in")
     assert len(r.stderr.strip().splitlines()) == 1
 
 
@@ -620,7 +622,7 @@ def test_existing_dataset_is_not_replaced_when_only_seq_len_changes(built, tmp_p
     # The same settings rebuild in place, to the same bytes.
     meta = build(out, "--source", SAMPLE / "docs.jsonl", "--val-fraction", 0.1, "--vocab-size", 512,
                  "--seq-len", 64)
-    assert meta["train_sha256"] == pdata.read_meta(built)["train_sha256"]
+    assert meta["train_sha256"] == dataloader.read_meta(built)["train_sha256"]
 
 
 def test_shared_train_and_validation_documents_warn_with_counts(tmp_path, capsys):
@@ -653,7 +655,7 @@ def test_failed_build_leaves_nothing_that_looks_complete(tmp_path):
 
 def test_read_meta_says_how_to_build(tmp_path):
     with pytest.raises(ValueError, match="meta.json: not found; rebuild with prepare_data.py"):
-        pdata.read_meta(tmp_path)
+        dataloader.read_meta(tmp_path)
 
 
 def damaged_copy(built, tmp_path, damage):
@@ -661,7 +663,7 @@ def damaged_copy(built, tmp_path, damage):
     shutil.copytree(built, out)
     damage(out)
     with pytest.raises(ValueError) as e:
-        pdata.read_meta(out)
+        dataloader.read_meta(out)
     assert "\n" not in str(e.value) and "rebuild with prepare_data.py" in str(e.value)
     return str(e.value)
 
@@ -689,12 +691,12 @@ def test_read_meta_detects_rewritten_tokens_by_checksum(built, tmp_path):
         tokens.tofile(out / "train.bin")
     assert "train.bin: sha256 differs" in damaged_copy(built, tmp_path, rewrite)
     # The loader itself only checks sizes (train.py verifies once at start): it still opens.
-    assert pdata.RowLoader(tmp_path / "damaged", "train", 2).n_rows > 0
+    assert dataloader.RowLoader(tmp_path / "damaged", "train", 2).n_rows > 0
 
 
 def test_data_identity_names_tokenizer_shape_and_content(built):
-    meta = pdata.read_meta(built)
-    ident = pdata.data_identity(meta)
+    meta = dataloader.read_meta(built)
+    ident = dataloader.data_identity(meta)
     assert ident == {"tokenizer_sha256": sha(built / meta["tokenizer_file"]), "vocab_size": 512,
                      "seq_len": 64, "train_sha256": sha(built / "train.bin"),
                      "val_sha256": sha(built / "val.bin"), "packing": meta["packing"]["method"]}
@@ -702,14 +704,14 @@ def test_data_identity_names_tokenizer_shape_and_content(built):
 
 def test_atomic_write_replaces_whole_files_only(tmp_path):
     target = tmp_path / "f.json"
-    pdata.atomic_write(target, b"old")
+    common.atomic_write(target, b"old")
     with pytest.raises(RuntimeError):
         def half_then_crash(f):
             f.write(b"new but incomp")
             raise RuntimeError("disk full")
-        pdata.atomic_write(target, half_then_crash)
+        common.atomic_write(target, half_then_crash)
     assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["f.json"]
-    pdata.atomic_write(target, lambda f: f.write(b"new"))
+    common.atomic_write(target, lambda f: f.write(b"new"))
     assert target.read_bytes() == b"new"
 
 
@@ -731,7 +733,7 @@ def test_a_full_disk_inside_torch_save_is_an_oserror_naming_no_space():
                 raise OSError(errno.ENOSPC, "No space left on device")
             return len(b)
     with pytest.raises(OSError) as e:
-        pdata.write_through(lambda f: torch.save({"w": torch.zeros(10_000)}, f), io.BufferedWriter(FullDisk()))
+        common.write_through(lambda f: torch.save({"w": torch.zeros(10_000)}, f), io.BufferedWriter(FullDisk()))
     assert e.value.errno == errno.ENOSPC
 
 
@@ -760,7 +762,7 @@ def test_a_full_disk_while_packing_is_one_line_and_leaves_no_dataset(tmp_path, m
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]  # after the progress lines
     assert e.value.code == 1 and "Traceback" not in err
-    assert last.startswith("prepare_data.py: error: could not write") and "No space left on device" in last
+    assert last.startswith("prepare_data.py: could not write") and "No space left on device" in last
     assert not out.exists()
 
 
@@ -784,9 +786,9 @@ def test_messages_say_what_is_wrong_and_help_shows_the_defaults_the_code_uses(tm
 # ---------------------------------------------------------------------------------------------
 
 def test_row_loader_batches_are_shifted_rows(built):
-    meta = pdata.read_meta(built)
+    meta = dataloader.read_meta(built)
     rows = np.fromfile(built / "train.bin", dtype=np.uint16).reshape(-1, meta["row_len"])
-    loader = pdata.RowLoader(built, "train", 4)
+    loader = dataloader.RowLoader(built, "train", 4)
     x, y = loader.next_batch()
     assert x.shape == y.shape == (4, meta["seq_len"]) and str(x.dtype) == "torch.int64"
     want = rows[loader.order(0)[:4]]
@@ -797,10 +799,10 @@ def test_row_loader_batches_are_shifted_rows(built):
 def test_row_loader_reads_each_row_once_per_pass_in_a_shuffled_order(built):
     # A batch of consecutive file rows would be one or two documents, and a file-ordered local
     # corpus would be trained on in phases (all web text, then all books): read a permutation.
-    meta = pdata.read_meta(built)
+    meta = dataloader.read_meta(built)
     rows = np.fromfile(built / "train.bin", dtype=np.uint16).reshape(-1, meta["row_len"])
     n = meta["train_rows"]
-    loader = pdata.RowLoader(built, "train", 7)
+    loader = dataloader.RowLoader(built, "train", 7)
     seen = np.concatenate([loader.next_batch()[0].numpy() for _ in range(2 * n // 7 + 1)])
     first, second = seen[:n], seen[n:2 * n]
     as_set = lambda a: sorted(map(tuple, a.tolist()))
@@ -808,16 +810,16 @@ def test_row_loader_reads_each_row_once_per_pass_in_a_shuffled_order(built):
     assert not (first == rows[:, :-1]).all()                          # ...not in file order
     assert not (first == second).all()                                # ...a new order each pass
     # Every loader (any run, any rank) sees the same order; the order spreads a document's rows.
-    assert (pdata.RowLoader(built, "train", 1).order(0) == loader.order(0)).all()
+    assert (dataloader.RowLoader(built, "train", 1).order(0) == loader.order(0)).all()
     order = loader.order(0)
     assert np.abs(np.diff(order)).mean() > n / 10
 
 
 def test_row_loader_ranks_partition_the_single_process_batch(built):
     world, per_rank = 3, 5
-    n_rows = pdata.read_meta(built)["val_rows"]
-    single = pdata.RowLoader(built, "val", world * per_rank)
-    ranks = [pdata.RowLoader(built, "val", per_rank, rank=k, world_size=world)
+    n_rows = dataloader.read_meta(built)["val_rows"]
+    single = dataloader.RowLoader(built, "val", world * per_rank)
+    ranks = [dataloader.RowLoader(built, "val", per_rank, rank=k, world_size=world)
              for k in range(world)]
     steps = n_rows // (world * per_rank) + 2  # long enough to wrap into a second epoch
     for _ in range(steps):
@@ -834,12 +836,12 @@ def test_row_loader_ranks_partition_the_single_process_batch(built):
 
 
 def test_row_loader_resumes_identically(built):
-    a = pdata.RowLoader(built, "train", 3, rank=1, world_size=2)
+    a = dataloader.RowLoader(built, "train", 3, rank=1, world_size=2)
     for _ in range(4):
         a.next_batch()
     saved = a.row
     expected = [a.next_batch() for _ in range(3)]
-    b = pdata.RowLoader(built, "train", 3, rank=1, world_size=2, start_row=saved)
+    b = dataloader.RowLoader(built, "train", 3, rank=1, world_size=2, start_row=saved)
     for x, y in expected:
         bx, by = b.next_batch()
         assert (bx == x).all() and (by == y).all()
@@ -851,4 +853,4 @@ def test_row_loader_refuses_a_truncated_file(built, tmp_path):
     with open(out / "val.bin", "r+b") as f:
         f.truncate(100)
     with pytest.raises(ValueError, match="val.bin"):
-        pdata.RowLoader(out, "val", 2)
+        dataloader.RowLoader(out, "val", 2)

@@ -17,8 +17,11 @@ import numpy as np
 import pytest
 import torch
 
+import common
+import dataloader
 import flops
-import prepare_data
+import muonh
+import runs
 import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +46,7 @@ def run_cli(*args, **kw):
 def unigram_cross_entropy(sample_data):
     """Nats/token of the validation targets under the training split's unigram distribution:
     the loss of a model that learned token frequencies and nothing else."""
-    meta = prepare_data.read_meta(sample_data)
+    meta = dataloader.read_meta(sample_data)
     train_rows = np.fromfile(sample_data / "train.bin", dtype=np.uint16).reshape(-1, meta["row_len"])
     val_rows = np.fromfile(sample_data / "val.bin", dtype=np.uint16).reshape(-1, meta["row_len"])
     counts = np.bincount(train_rows[:, 1:].ravel(), minlength=meta["vocab_size"]) + 1.0
@@ -69,7 +72,7 @@ def test_learns_beyond_unigram_and_writes_a_complete_row(sample_data, tmp_path):
     # The row names its run: identity (config, horizon, LRs, seed, eval rows, dtype, data) and its hash.
     assert row["finished"] is True and set(row["identity"]) == {
         "model", "horizon", "lrs", "base_lrs", "lr_rule", "seed", "eval_rows", "dtype", "data"}
-    assert row["identity"]["data"] == prepare_data.data_identity(prepare_data.read_meta(sample_data))
+    assert row["identity"]["data"] == dataloader.data_identity(dataloader.read_meta(sample_data))
     assert row["run_id"] == hashlib.sha256(json.dumps(row["identity"], sort_keys=True, separators=(",", ":"))
                                            .encode()).hexdigest()
     assert json.loads((tmp_path / "run" / "run.json").read_text()) == {"run_id": row["run_id"],
@@ -84,9 +87,80 @@ def test_learns_beyond_unigram_and_writes_a_complete_row(sample_data, tmp_path):
     ["--r", "1"],
 ])
 def test_every_mode_trains(sample_data, tmp_path, extra):
+    """Each injection mode, truncated BPTT and the plain r = 1 stack train: the loss falls, the row's counts are
+    flops.py's for that model, its LRs are the transfer rule's for its horizon (r = 1 from the r = 1 reference,
+    App. E), and --eval-r evaluates at other loop counts (the trained r itself reproduces val_loss)."""
     assert run_inprocess(sample_data, tmp_path / "run", *extra, "--tokens", "2048", "--eval-r", "1,8") == 0
     row = json.loads((tmp_path / "run" / "final.json").read_text())
-    assert math.isfinite(row["val_loss"]) and math.isfinite(row["val_loss_r8"])
+    flags = dict(zip(extra[::2], extra[1::2]))
+    r = int(flags["--r"])
+    cfg = flops.ModelConfig(r=r, r_bwd=int(flags.get("--r-bwd", 0)), injection=flags.get("--injection", "linear"),
+                            scale=1, head_dim=16, depth=6, prelude=1, coda=1, vocab_size=512, seq_len=64)
+    for key, value in flops.summary(cfg).items():
+        assert row[key] == value, key
+    assert row["steps"] == 4 and row["tokens"] == 2048
+    tokens_ref = flops.reference_horizon(looped=r > 1)
+    assert row["lrs"] == pytest.approx(muonh.learning_rates(64, 512, 2048, tokens_ref, ref_batch=512), rel=1e-12)
+    logged = losses(tmp_path / "run")
+    assert logged[4] < logged[1] and row["val_loss"] < math.log(512)  # below the uniform loss it starts at
+    assert math.isfinite(row["val_loss_r1"]) and math.isfinite(row["val_loss_r8"])
+    if r == 1:
+        assert row["val_loss_r1"] == row["val_loss"]
+    else:  # one loop instead of r (4 steps in, the loops are close to a fixed point: r = 8 may equal r)
+        assert row["val_loss_r1"] != row["val_loss"]
+
+
+def test_lr_schedule_decays_every_group_linearly_to_a_tenth(sample_data, tmp_path, monkeypatch):
+    """App. E: no warmup, lr(step) = peak (1 - 0.9 step / (steps - 1)) for the MuonH and every AdamW group,
+    peak = the row's transfer-rule LR; log.jsonl records that multiplier at every step."""
+    seen = []
+    real_train_step = train.train_step
+
+    def recording_train_step(run, step, grad_accum):
+        out = real_train_step(run, step, grad_accum)
+        seen.append({g["name"]: (g["lr"], g["initial_lr"]) for opt in run.optimizers for g in opt.param_groups})
+        return out
+    monkeypatch.setattr(train, "train_step", recording_train_step)
+    assert run_inprocess(sample_data, tmp_path / "run", "--r", "2", "--tokens", "5120") == 0
+    row = json.loads((tmp_path / "run" / "final.json").read_text())
+    steps = row["steps"]
+    assert steps == 10 == len(seen) and set(seen[0]) == {"matrix", "embedding", "unembedding", "norm"}
+    for step, groups in enumerate(seen):
+        multiplier = 1 - 0.9 * step / (steps - 1)
+        for name, (lr, initial_lr) in groups.items():
+            assert initial_lr == row["lrs"][name]
+            assert lr == pytest.approx(initial_lr * multiplier, rel=1e-12), (step, name)
+    assert seen[-1]["matrix"][0] == pytest.approx(0.1 * row["lrs"]["matrix"], rel=1e-12)
+    records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [rec["step"] for rec in records] == list(range(1, steps + 1))
+    assert [rec["lr_mult"] for rec in records] == pytest.approx([1 - 0.9 * s / (steps - 1) for s in range(steps)])
+
+
+def held_out_loss(model, data, split, n_rows, r):
+    """Mean next-token loss of `model` at r loops on the first n_rows rows of `split` in the data order
+    (the permutation seeded 1234 for the first pass), computed here without train.py's loader."""
+    meta = dataloader.read_meta(data)
+    rows = np.fromfile(data / f"{split}.bin", dtype=np.uint16).reshape(-1, meta["row_len"])
+    picked = torch.from_numpy(rows[np.random.default_rng([1234, 0]).permutation(len(rows))[:n_rows]].astype(np.int64))
+    with torch.no_grad():
+        logits = model(picked[:, :-1], r=r)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), picked[:, 1:].reshape(-1)).item()
+
+
+def test_the_validation_loss_is_the_held_out_rows(sample_data, tmp_path):
+    """val_loss is the trained model's mean loss on --eval-rows rows of val.bin (the held-out split), the same
+    rows at every loop count: --eval-r at the trained r reproduces it exactly, at r = 4 it is that r's loss on
+    those rows; the training split's rows give another number."""
+    out = tmp_path / "run"
+    assert run_inprocess(sample_data, out, "--r", "2", "--tokens", "2048", "--eval-r", "2,4") == 0
+    row = json.loads((out / "final.json").read_text())
+    model = runs.load_run_model(out, "cpu")
+    assert row["eval_rows"] == 64
+    assert row["val_loss"] == pytest.approx(held_out_loss(model, sample_data, "val", 64, r=2), rel=1e-6)
+    assert row["val_loss_r2"] == row["val_loss"]
+    assert row["val_loss_r4"] == pytest.approx(held_out_loss(model, sample_data, "val", 64, r=4), rel=1e-6)
+    assert abs(row["val_loss_r4"] - row["val_loss"]) > 1e-5 * row["val_loss"]  # r matters at this tolerance
+    assert held_out_loss(model, sample_data, "train", 64, r=2) != pytest.approx(row["val_loss"], rel=1e-4)
 
 
 def test_gradient_accumulation_matches_one_big_batch(sample_data, tmp_path):
@@ -227,7 +301,7 @@ def derived_dataset(sample_data, dest, train_rows=None, flip_bytes=False):
         meta.update(train_rows=train_rows, train_tokens=int(rows.size))
     rows.tofile(dest / "train.bin")
     if not flip_bytes:
-        meta["train_sha256"] = prepare_data.sha256_file(dest / "train.bin")
+        meta["train_sha256"] = dataloader.sha256_file(dest / "train.bin")
     (dest / "meta.json").write_text(json.dumps(meta))
     return dest
 
@@ -387,9 +461,9 @@ def test_compile_on_cpu_falls_back_to_eager_when_inductor_fails(sample_data, tmp
 
 def full_disk_at(monkeypatch, name):
     """Make every write to a file called `name` fail with ENOSPC: train.py's atomic writes (run.json,
-    ckpt.pt, final.json), prepare_data.append_row's (the results file) and the log's open()."""
+    ckpt.pt, final.json), common.append_row's (the results file) and the log's open()."""
     import builtins
-    real_atomic, real_open = prepare_data.atomic_write, builtins.open
+    real_atomic, real_open = common.atomic_write, builtins.open
 
     def atomic(path, data):
         if Path(path).name == name:
@@ -400,8 +474,8 @@ def full_disk_at(monkeypatch, name):
         if Path(path).name == name == "log.jsonl":
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         return real_open(path, mode, *args, **kwargs)
-    monkeypatch.setattr(train, "atomic_write", atomic)
-    monkeypatch.setattr(prepare_data, "atomic_write", atomic)
+    for module in (train, runs, common):  # each holds its own name for common.atomic_write
+        monkeypatch.setattr(module, "atomic_write", atomic)
     monkeypatch.setattr(train, "open", log_open, raising=False)
 
 
@@ -521,11 +595,11 @@ def test_budget_rounding_spends_within_the_tolerance(sample_data, tmp_path):
     assert run_inprocess(sample_data, tmp_path / "run", "--r", "2", "--flops", repr(budget)) == 0
     row = json.loads((tmp_path / "run" / "final.json").read_text())
     assert row["steps"] == 10 and row["flops_budget"] == budget
-    assert abs(row["flops_actual"] / budget - 1) <= train.HORIZON_RTOL
+    assert abs(row["flops_actual"] / budget - 1) <= runs.HORIZON_RTOL
 
 
 def test_eval_rows_beyond_the_split_are_said(sample_data, tmp_path, capsys):
-    meta = prepare_data.read_meta(sample_data)
+    meta = dataloader.read_meta(sample_data)
     assert run_inprocess(sample_data, tmp_path / "run", "--tokens", "2048", "--eval-rows", "100000") == 0
     assert (f"--eval-rows 100000 is more than the {meta['val_rows']} validation rows" in capsys.readouterr().err)
     assert json.loads((tmp_path / "run" / "final.json").read_text())["eval_rows"] == meta["val_rows"]

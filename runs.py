@@ -1,0 +1,298 @@
+"""
+A run folder and its record. What makes two runs the same run (the identity and its sha256, the run_id),
+the files a run leaves in its folder (run.json at the start, ckpt.pt, final.json: its results row) and
+reading them back: every damaged or foreign file is one DataError naming it. train.py decides with these
+whether a run is done, reused, restored or resumed; evaluate.py loads finished runs' final weights.
+
+    model = load_run_model("runs/quickstart", "cpu")     # the final weights, checked against final.json
+"""
+import dataclasses
+import hashlib
+import json
+import time
+import zipfile
+from pathlib import Path
+
+import torch
+
+import flops
+from common import DataError, append_row, atomic_write, load_json
+from dataloader import data_identity, read_meta
+from model import GPT
+from muonh import learning_rates, lr_settings
+
+# A horizon the batch cannot honour: fewer steps than this, or FLOPs (tokens) spent more than this far
+# from the budget asked for, would give a row whose flops_budget is not what the run spent.
+MIN_STEPS = 2
+HORIZON_RTOL = 0.10
+# What a checkpoint records about the training loop besides weights, optimiser states and RNG.
+PROGRESS_KEYS = ("step", "train_row", "wall_s", "train_loss", "tokens_per_s", "high_loss_steps")
+
+
+# ----------------------------------------------------------------------------------------------
+# What run train.py's flags describe: its config, its steps, its identity
+
+def check_horizon(flag, asked, spent, steps, batch_tokens, unit):
+    """Refuse a horizon the batch cannot honour (MIN_STEPS, HORIZON_RTOL): a DataError with the numbers."""
+    off = spent / asked - 1
+    if steps >= MIN_STEPS and abs(off) <= HORIZON_RTOL:
+        return
+    raise DataError(f"{flag} {asked:.4g} is {steps} step(s) of {batch_tokens:,} tokens, which would spend "
+                    f"{spent:.4g} {unit} ({100 * off:+.0f}%); a run needs >= {MIN_STEPS} steps within "
+                    f"{100 * HORIZON_RTOL:.0f}% of its budget: raise {flag} or lower --batch-tokens")
+
+
+def plan_run(args, meta, world):
+    """(config, steps) of train.py's flags on the data described by meta.json, for `world` ranks; every flag
+    checked against the data and the batch (DataError). Sets args.seq_len and an automatic args.device_batch."""
+    for flag, given, have in (("--seq-len", args.seq_len, meta["seq_len"]),
+                              ("--vocab-size", args.vocab_size, meta["vocab_size"])):
+        if given not in (None, have):
+            raise DataError(f"{flag} {given} does not match the data ({have}, {args.data}/meta.json)")
+    args.seq_len = meta["seq_len"]
+    cfg = flops.config_from_args(args, vocab_size=meta["vocab_size"])
+    if sum(x is not None for x in (args.flops, args.tokens, args.tokens_per_param)) > 1:
+        raise DataError("give only one of --flops, --tokens, --tokens-per-param")
+    if args.batch_tokens % cfg.seq_len:
+        raise DataError(f"--batch-tokens {args.batch_tokens} is not a multiple of the sequence length {cfg.seq_len}")
+    rows_per_step = args.batch_tokens // cfg.seq_len
+    if rows_per_step % world:
+        raise DataError(f"{rows_per_step} rows per step do not split over {world} ranks")
+    rows_per_rank = rows_per_step // world
+    if not args.device_batch:
+        args.device_batch = max(b for b in range(1, 17) if rows_per_rank % b == 0)
+    if rows_per_rank % args.device_batch:
+        raise DataError(f"--device-batch {args.device_batch} does not divide the {rows_per_rank} rows per rank per step")
+    if args.flops is not None:
+        plan = flops.tokens_for_budget(cfg, args.flops, args.batch_tokens)
+        check_horizon("--flops", args.flops, plan["flops_actual"], plan["steps"], args.batch_tokens, "FLOPs")
+        return cfg, plan["steps"]
+    if args.tokens:
+        tokens, flag = args.tokens, "--tokens"
+    else:
+        tokens, flag = (args.tokens_per_param or 20) * flops.param_counts(cfg)["n_params"], "--tokens-per-param"
+    steps = max(1, round(tokens / args.batch_tokens))
+    check_horizon(flag, tokens, steps * args.batch_tokens, steps, args.batch_tokens, "tokens")
+    return cfg, steps
+
+
+def run_identity(args, meta, cfg, steps):
+    """(identity, run_id): everything that makes two runs the same run, and its sha256. Resume, reuse and
+    "already done" all compare it. ValueError for bad LR settings."""
+    base_lrs, lr_rule = lr_settings(args)
+    tokens_ref = args.ref_tokens or flops.reference_horizon(looped=cfg.r > 1)
+    lrs = learning_rates(cfg.d_model, args.batch_tokens, steps * args.batch_tokens, tokens_ref, base_lrs, **lr_rule)
+    dtype = args.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if args.device == "cuda" else "float32"
+    identity = {
+        "model": dataclasses.asdict(cfg),
+        "horizon": {"steps": steps, "batch_tokens": args.batch_tokens, "flops_budget": args.flops},
+        "lrs": lrs,
+        "base_lrs": base_lrs,
+        "lr_rule": lr_rule | {"ref_tokens": tokens_ref, "final_lr_frac": args.final_lr_frac},
+        "seed": args.seed,
+        "eval_rows": min(args.eval_rows, meta["val_rows"]),
+        "data": data_identity(meta),
+        "dtype": dtype,
+    }
+    identity = json.loads(json.dumps(identity))  # through JSON, so it compares equal to what files hold
+    return identity, run_id_of(identity)
+
+
+# ----------------------------------------------------------------------------------------------
+# The record: run_id, the rows, final.json, checkpoints
+
+def run_id_of(identity):
+    """The sha256 of a run's identity (model, horizon, LRs, seed, eval rows, dtype, data), key order aside."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def refusal(path, record, ours):
+    """The DataError for a file of another run, naming every identity field where it differs
+    ("section.key (theirs -> ours)", values cut to 16 characters, the first 8 fields)."""
+    theirs = record.get("identity") or {}
+    diff = []
+    for key, b in ours.items():
+        a = theirs.get(key)
+        if isinstance(a, dict):
+            pairs = [(f"{key}.{k}", a.get(k), v) for k, v in b.items()]
+        else:
+            pairs = [(key, a, b)]
+        diff += [f"{name} ({str(x)[:16]} -> {str(y)[:16]})" for name, x, y in pairs if x != y]
+    listed = ", ".join(diff[:8])
+    if len(diff) > 8:
+        listed += " ..."
+    return DataError(f"{path} belongs to another run; it differs in {listed}. Use another --out")
+
+
+def read_final(path):
+    """A run folder's final.json (its results row), or None if there is none; DataError if it is damaged."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        row = load_json(path, "final.json")
+    except DataError as e:
+        raise DataError(f"{e}: delete it (or the folder) to retrain the run") from None
+    if not isinstance(row, dict) or "run_id" not in row:
+        raise DataError(f"{path}: not a run's final row (no run_id); delete it (or the folder) to retrain the run")
+    return row
+
+
+def settle(out, run_id, identity, results, reuse_from, resume, rank=0):
+    """What the folder `out` already holds decides what train.py does, as (outcome, row):
+      "train"     nothing yet, or a checkpoint that --resume continues;
+      "done"      this run, finished (final.json), and results either holds its row or is not asked for;
+      "restored"  this run, finished, its row missing from results: appended again from final.json;
+      "reused"    nothing yet, and reuse_from holds this very run finished: its row copied here.
+    DataError: another run's folder, a damaged final.json, a checkpoint without --resume."""
+    final_path = Path(out) / "final.json"
+    final = read_final(final_path)
+    if final and final.get("run_id") != run_id:
+        raise refusal(final_path, final, identity)
+    if final and results and finished_row(results, run_id) is None:
+        if rank == 0:
+            append_row(results, final)
+        return "restored", final
+    if final:
+        return "done", final
+    donor = read_final(Path(reuse_from) / "final.json") if reuse_from else None
+    if donor and donor.get("run_id") == run_id:
+        row = donor | {"out": str(out)}
+        if rank == 0:
+            if results:
+                append_row(results, row)
+            atomic_write(final_path, (json.dumps(row, indent=1) + "\n").encode())
+        return "reused", row
+    if (Path(out) / "ckpt.pt").exists() and not resume:
+        raise DataError(f"{Path(out) / 'ckpt.pt'} exists: pass --resume to continue it, or delete the folder to "
+                        f"start over")
+    return "train", None
+
+
+def results_row(run, val_loss, extra_eval, world):
+    """The results row of a finished train.py run (its namespace `run`): every ModelConfig field and count
+    (flops.summary), the horizon, losses, LRs, throughput, the data, the identity; all fit_laws.py needs."""
+    args, meta, progress = run.args, run.meta, run.progress
+    n_tokens = run.steps * args.batch_tokens
+    tokens_per_s = progress["tokens_per_s"]
+    mfu = flops.mfu(run.cfg, tokens_per_s, world, run.device_name) if tokens_per_s else None
+    data_keys = ("tokenizer_kind", "tokenizer_sha256", "vocab_size", "seq_len", "train_rows", "val_rows",
+                 "train_tokens", "command")
+    data_meta = {k: meta.get(k) for k in data_keys}
+    data_meta["dir"] = str(Path(args.data).resolve())
+    data_meta["epochs"] = run.train_loader.row / max(1, meta["train_rows"])
+    return run.summary | dict(
+        tokens=n_tokens, steps=run.steps, flops_actual=run.summary["flops_per_token"] * n_tokens,
+        val_loss=val_loss, train_loss=progress["train_loss"], **extra_eval, eval_rows=run.identity["eval_rows"],
+        seed=args.seed, tokens_per_s=tokens_per_s, mfu=mfu, wall_s=progress["wall_s"] + time.time() - run.t_start,
+        compile_s=run.compile_s, lrs=run.identity["lrs"], base_lrs=run.identity["base_lrs"],
+        lr_rule=run.identity["lr_rule"], world_size=world, device=run.device_name, dtype=run.identity["dtype"],
+        attention=run.backend, run=run.name, out=str(run.out), data_meta=data_meta, run_id=run.run_id,
+        identity=run.identity, finished=True)
+
+
+def finished_row(results, run_id):
+    """The row of run_id in a results file, or None (a torn or foreign line is not this run's row)."""
+    if results is None or not Path(results).is_file():
+        return None
+    needle = f'"run_id": "{run_id}"'  # json.dumps' spelling: only candidate lines are parsed
+    for line in Path(results).read_text().splitlines():
+        if needle in line:
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+def save_checkpoint(path, model, optimizers, progress, run_id, identity):
+    """ckpt.pt: weights, optimiser states, the loop's progress, the RNG states and the run's identity,
+    written atomically (a crash or a full disk keeps the previous checkpoint whole)."""
+    state = {"model": model.state_dict(), "optimizers": [opt.state_dict() for opt in optimizers], **progress,
+             "rng_cpu": torch.get_rng_state(), "run_id": run_id, "identity": identity, "rng_cuda": None}
+    if torch.cuda.is_available() and next(model.parameters()).is_cuda:
+        state["rng_cuda"] = torch.cuda.get_rng_state()
+    atomic_write(path, lambda f: torch.save(state, f))
+
+
+def restore_checkpoint(path, device, run_id, identity, model, optimizers):
+    """Load ckpt.pt into model and optimizers, restore the RNG states and return the loop's progress
+    (PROGRESS_KEYS). DataError: a damaged file, or another run's checkpoint (the fields that differ)."""
+    ckpt = load_checkpoint(path, device)
+    if ckpt.get("run_id") != run_id:
+        raise refusal(path, ckpt, identity)
+    model.load_state_dict(ckpt["model"])
+    for opt, state in zip(optimizers, ckpt["optimizers"]):
+        opt.load_state_dict(state)
+    torch.set_rng_state(ckpt["rng_cpu"])
+    if torch.device(device).type == "cuda" and ckpt.get("rng_cuda") is not None:
+        torch.cuda.set_rng_state(ckpt["rng_cuda"])
+    return {key: ckpt[key] for key in PROGRESS_KEYS}
+
+
+def load_checkpoint(path, device):
+    """ckpt.pt as a dict, loaded with weights_only=True (a shared checkpoint cannot run code on load); an
+    empty, truncated or foreign file is a DataError naming it."""
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+        if not isinstance(ckpt, dict) or "model" not in ckpt:
+            raise TypeError(f"holds a {type(ckpt).__name__} without model weights")
+    except Exception as e:  # torch.load raises many kinds for a damaged file
+        reason = " ".join(str(e).split())[:160] or "empty or truncated file"
+        raise DataError(f"{path} cannot be loaded as a checkpoint of this train.py ({type(e).__name__}: "
+                        f"{reason})") from None
+    return ckpt
+
+
+def check_run(path, data_dir=""):
+    """A finished run folder, checked before any work: final.json and run.json of one run, its model config,
+    and a data folder (data_dir, else the one it trained on) holding the tokenizer it trained with."""
+    path = Path(path)
+    final = read_final(path / "final.json")
+    if final is None:
+        raise DataError(f"{path}: not a finished run (final.json is missing)")
+    record = load_json(path / "run.json", "run.json")
+    if not isinstance(record, dict) or final.get("run_id") != record.get("run_id"):
+        raise DataError(f"{path}: final.json and run.json name different runs")
+    if not zipfile.is_zipfile(path / "ckpt.pt"):  # torch.save's format: a truncated file is not one
+        raise DataError(f"{path / 'ckpt.pt'}: missing or not a torch checkpoint")
+    identity = record.get("identity") or {}
+    try:
+        cfg = flops.ModelConfig(**identity["model"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise DataError(f"{path / 'run.json'}: no usable identity.model ({e})") from None
+    data_dir = data_dir or (final.get("data_meta") or {}).get("dir", "")
+    try:
+        sha = read_meta(data_dir, verify=False)["tokenizer_sha256"]
+    except DataError as e:
+        raise DataError(f"the data folder of {path} (its tokenizer) is unusable, pass --data: {e}") from None
+    if sha != (identity.get("data") or {}).get("tokenizer_sha256"):
+        raise DataError(f"{data_dir}: its tokenizer is not the one {path} was trained with (pass --data)")
+    return {"dir": path, "name": path.name, "run_id": record["run_id"], "cfg": cfg, "data_dir": data_dir,
+            "tokenizer_sha256": sha, "dtype": identity.get("dtype"), "steps": final.get("steps")}
+
+
+def load_run_model(run, device):
+    """The final weights of a checked run (check_run's dict, or a run folder) on `device`, ready for inference.
+    ckpt.pt must be the run's and from its last step: a run whose final checkpoint could not be written keeps
+    an earlier one, which is refused rather than evaluated as if final."""
+    if not isinstance(run, dict):
+        run = check_run(run)
+    device = torch.device(device)
+    path = run["dir"] / "ckpt.pt"
+    ckpt = load_checkpoint(path, device)
+    if ckpt.get("run_id") != run["run_id"]:
+        raise DataError(f"{path}: holds run {str(ckpt.get('run_id'))[:12]}, not {run['run_id'][:12]}")
+    if run["steps"] is not None and ckpt.get("step") != run["steps"]:
+        raise DataError(f"{path}: holds step {ckpt.get('step')}, not the run's last ({run['steps']}): its final "
+                        f"checkpoint was never written; retrain the run to evaluate it")
+    model = GPT(run["cfg"])
+    try:
+        model.load_state_dict(ckpt["model"])
+    except (RuntimeError, TypeError) as e:
+        raise DataError(f"{path}: its weights do not fit the run's model ({' '.join(str(e).split())[:160]})") from None
+    model.to(device)
+    model.set_device_backend(device)
+    return model.eval()
