@@ -643,3 +643,61 @@ def test_each_committed_cpu_study_fit_refits_to_its_phi(fit_json, rows):
     phi = float(re.search(r"phi   = (-?[\d.]+)", report).group(1))
     assert "do not identify phi" not in report
     assert phi == pytest.approx(committed, abs=0.01)
+
+
+
+@pytest.fixture(scope="module")
+def small_bootstrap():
+    """A quick joint fit and block bootstrap of the seed-0 synthetic paper grid (not the protocol's counts:
+    these tests are about how a CI is made from the draws, not about its width)."""
+    rows = ss.synthetic_rows(seed=0)
+    joint = laws.fit_joint(rows, restarts=20, seed=0, workers=1)
+    return rows, laws.bootstrap_joint(rows, joint, resamples=12, restarts=0, seed=0, workers=1)
+
+
+def test_bootstrap_ci_is_the_2_5_and_97_5_percentiles_of_its_draws(small_bootstrap):
+    """App. G.2: each reported 95% CI is the 2.5th and 97.5th percentile of that parameter's bootstrap draws
+    (the refits that converged), and the fractions at phi <= 0 and >= 1 are those draws' fractions."""
+    _, boot = small_bootstrap
+    draws = boot["draws"]
+    assert set(draws) == {"phi", "alpha", "beta", "A", "B", "E"}
+    assert len(draws["phi"]) == boot["resamples"] - boot["not_converged"] >= 10
+    for name, values in draws.items():
+        assert boot[name + "_ci"] == [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))], name
+    phi = np.array(draws["phi"])
+    assert boot["frac_phi_le_0"] == np.mean(phi <= 0) and boot["frac_phi_ge_1"] == np.mean(phi >= 1)
+    # the interval is a 95% one, not an interquartile range: it holds the draws between its bounds
+    lo, hi = boot["phi_ci"]
+    assert lo <= np.percentile(phi, 25) and np.percentile(phi, 75) <= hi
+
+
+def test_delta_phi_ci_is_the_percentiles_of_the_paired_differences():
+    """delta-phi's CI is the 2.5th / 97.5th percentile of phi_b - phi_a over the resamples in order."""
+    rng = np.random.default_rng(0)
+    phi_a, phi_b = rng.normal(0.46, 0.03, 200), rng.normal(0.38, 0.04, 180)
+    out = laws.compare_phi({"draws": {"phi": phi_a.tolist()}}, {"draws": {"phi": phi_b.tolist()}},
+                         {"phi": 0.46}, {"phi": 0.38})
+    diff = phi_b - phi_a[:180]
+    assert out["pairs"] == 180 and out["delta_phi"] == pytest.approx(-0.08)
+    assert out["delta_phi_ci"] == [float(np.percentile(diff, 2.5)), float(np.percentile(diff, 97.5))]
+    assert out["excludes_zero"] == (out["delta_phi_ci"][1] < 0)
+
+
+def test_bootstrap_resamples_whole_cells(small_bootstrap):
+    """App. G.2's block bootstrap draws (budget, r) cells with replacement, not runs: in every resample all
+    runs of a cell carry that cell's draw count, the counts sum to the number of cells, and each cell is one
+    budget level and one r (the paper grid: 6 budgets x 4 loop counts)."""
+    rows, _ = small_bootstrap
+    cell_of_run, r_of_cell = laws.bootstrap_cells(rows)
+    levels = laws.budget_levels([row["flops_budget"] for row in rows])[0]
+    assert len(r_of_cell) == 24
+    for cell in range(len(r_of_cell)):
+        members = np.flatnonzero(cell_of_run == cell)
+        assert len({int(levels[i]) for i in members}) == 1 and {rows[i]["r"] for i in members} == {r_of_cell[cell]}
+    for i in range(20):
+        weights, _ = laws.resample_weights(0, i, cell_of_run, r_of_cell)
+        per_cell = [set(weights[cell_of_run == cell].tolist()) for cell in range(len(r_of_cell))]
+        assert all(len(w) == 1 for w in per_cell), i
+        counts = [w.pop() for w in per_cell]
+        assert sum(counts) == len(r_of_cell) and all(float(c).is_integer() for c in counts)
+        assert len({r for r, c in zip(r_of_cell, counts) if c}) >= 2  # phi needs two loop counts

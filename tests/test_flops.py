@@ -110,11 +110,23 @@ def test_section1_equivalence_example():
     assert 1.0 < ratio < 1.03  # the loop adds only W_inj: 4 x 2d^2 per token-step
 
 
-def test_budget_to_tokens():
+@pytest.mark.parametrize("fraction, steps", [(0.0, 40), (0.3, 40), (0.49, 40), (0.51, 41), (0.75, 41), (0.999, 41)])
+def test_budget_to_tokens_rounds_steps_to_the_nearest(fraction, steps):
+    """steps = round(C / (F B)), D = steps B (§4.1's iso-FLOP grid): a budget of 40.51 steps buys 41, one of
+    40.49 buys 40, and the FLOPs spent are F D."""
     cfg = ModelConfig(r=4, scale=10)
-    out = flops.tokens_for_budget(cfg, 1e18, 2 ** 18)
-    assert out["tokens"] == out["steps"] * 2 ** 18
-    assert abs(out["flops_actual"] / 1e18 - 1) < 0.5 / out["steps"] + 1e-12
+    F, B = flops.flops_per_token(cfg), 2 ** 18
+    out = flops.tokens_for_budget(cfg, (40 + fraction) * F * B, B)
+    assert out == {"steps": steps, "tokens": steps * B, "flops_actual": F * steps * B}
+
+
+def test_paper_budget_to_tokens():
+    """The paper's 1e18 budget at s = 10, r = 4: F = 1,047,336,960 FLOPs/token, 1e18 / (F 2^18) = 3642.4 steps,
+    so 3642 steps of 2^18 tokens (0.955B tokens, 0.9999 of the budget)."""
+    out = flops.tokens_for_budget(ModelConfig(r=4, scale=10), 1e18, 2 ** 18)
+    assert flops.flops_per_token(ModelConfig(r=4, scale=10)) == 1_047_336_960
+    assert (out["steps"], out["tokens"]) == (3642, 3642 * 2 ** 18)
+    assert out["flops_actual"] == 1_047_336_960 * 3642 * 2 ** 18
 
 
 def test_mfu_uses_same_flops():
@@ -123,6 +135,15 @@ def test_mfu_uses_same_flops():
     assert m == pytest.approx(flops.flops_per_token(cfg) * 1e5 / 989e12)
     assert flops.mfu(cfg, 1e5, 1, "cpu") is None
     assert flops.peak_flops("NVIDIA H100 PCIe") == 756e12
+
+
+def test_mfu_of_several_gpus_divides_by_all_their_peaks():
+    """MFU = F x (tokens/s of the whole job) / (n_gpus x peak): 8 GPUs at 8x the tokens/s of one have its MFU."""
+    cfg = ModelConfig(r=4, scale=10)
+    one = flops.mfu(cfg, 2e5, 1, "NVIDIA H200")
+    assert flops.mfu(cfg, 8 * 2e5, 8, "NVIDIA H200") == pytest.approx(one, rel=1e-12)
+    assert flops.mfu(cfg, 2e5, 8, "NVIDIA H200") == pytest.approx(one / 8, rel=1e-12)
+    assert one == pytest.approx(1_047_336_960 * 2e5 / 989e12, rel=1e-12)
 
 
 @pytest.mark.parametrize("bad, reason", [
@@ -226,12 +247,21 @@ def test_plan_bad_lines_are_one_line_and_exit_2(lines, reason):
 
 
 def test_cli_json():
+    """flops.py --json for r = 4, s = 10, r_bwd = 2 at 1e18 FLOPs: the counts and F of §3.1's formulas written
+    out here, and the budget's steps, tokens and FLOPs spent."""
     proc = subprocess.run([sys.executable, "flops.py", "--r", "4", "--scale", "10", "--r-bwd", "2",
                            "--flops", "1e18", "--json"], cwd=REPO, capture_output=True, text=True, check=True)
     out = json.loads(proc.stdout)
-    for key in ("n_params", "n_once", "n_rec", "n_embedding", "flops_per_token", "steps", "tokens", "flops_actual"):
-        assert key in out
-    assert out["r_bwd"] == 2 and out["steps"] * 2 ** 18 == out["tokens"]
+    d, T, V = 640, 2048, 32064
+    n_b = 12 * d * d + 2 * d
+    n_once, n_rec = 4 * n_b + 3 * d, 4 * n_b + 2 * d * d  # prelude 2 + coda 2 (+ 3 norms); shared 4 + W_inj
+    k, f = 2, 2  # loops with and without backward
+    F = 6 * (4 * n_b + V * d) + (2 * f + 6 * k) * (4 * n_b + 2 * d * d) + 12 * 4 * d * T + (4 * f + 12 * k) * 4 * d * T
+    steps = round(1e18 / (F * 2 ** 18))
+    assert (out["n_once"], out["n_rec"], out["n_params"]) == (n_once, n_rec, n_once + n_rec)
+    assert out["n_embedding"] == 2 * V * d and out["flops_per_token"] == F and out["r_bwd"] == 2
+    assert (out["steps"], out["tokens"], out["flops_actual"]) == (steps, steps * 2 ** 18, F * steps * 2 ** 18)
+    assert out == json.loads(json.dumps(flops.summary(ModelConfig(r=4, scale=10, r_bwd=2), 1e18, 2 ** 18)))
 
 
 def test_custom_fixed_parameter_layouts():

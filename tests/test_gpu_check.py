@@ -5,11 +5,14 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+
+import flops
 
 REPO = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("gpu_check", REPO / "dev" / "gpu_check.py")
@@ -52,9 +55,21 @@ def test_tiny_run_measures_every_configuration(tiny_run):
         assert row["loss_last"] < row["loss_first"] - 0.1
         assert abs(row["loss_bf16_minus_fp32"]) < 0.05  # bf16 autocast changes the loss only by rounding
         assert row["mfu"] is None and row["peak_mem_gib"] is None  # CPU: no peak FLOP/s, no CUDA memory
+        assert_speed_is_its_timings(row)
     env = report["environment"]
     assert env["torch"] == torch.__version__ and env["device"] == "cpu" and env["attention_backend"] == "sdpa"
     assert "random tokens" in report["data"]
+
+
+def assert_speed_is_its_timings(row):
+    """tokens/s of one micro-batch step, and the projection to the paper's 2^18-token batch: gradient
+    accumulation runs 2^18 / (rows x seq_len) forward+backward passes and the optimiser once."""
+    tokens = row["rows"] * row["seq_len"]
+    accum = 2 ** 18 // tokens
+    assert row["tokens_per_step"] == tokens
+    assert row["tokens_per_s"] == pytest.approx(tokens / (row["fwd_bwd_s"] + row["optimizer_s"]), rel=1e-12)
+    assert row["at_2p18_tokens_per_s"] == pytest.approx(
+        accum * tokens / (accum * row["fwd_bwd_s"] + row["optimizer_s"]), rel=1e-12)
 
 
 def test_compiled_step_is_one_graph_and_matches_eager(tiny_run):
@@ -150,3 +165,37 @@ def test_the_committed_h200_run_measured_every_configuration(tmp_path):
             assert bwd2["tokens_per_s"] > 1.15 * r4["tokens_per_s"]  # 0.75x the FLOPs per token
         assert rows[f"s{s}_r1_compiled"]["tokens_per_s"] > 1.3 * rows[f"s{s}_r1_eager"]["tokens_per_s"]
     assert gpu_check.write_outputs(tmp_path, "gpu_check", report) + "\n" == (committed / "gpu_check.txt").read_text()
+
+
+def test_the_committed_h200_numbers_are_flops_py_and_their_own_timings():
+    """Every number of the committed H200 record follows from flops.py and its measured seconds: F and N of the
+    configuration, tokens/s, MFU = F x tokens/s / 989 TFLOP/s (one GPU), the 2^18 projection and its MFU, and
+    the compile time (first step minus a steady one)."""
+    report = json.loads((REPO / "dev" / "results" / "gpu_check" / "gpu_check.json").read_text())
+    assert report["environment"]["peak_bf16_flops"] == flops.peak_flops("NVIDIA H200") == 989e12
+    for row in report["configs"]:
+        cfg = flops.ModelConfig(r=row["r"], r_bwd=row["r_bwd"], scale=row["scale"])
+        F = flops.flops_per_token(cfg)
+        assert row["flops_per_token"] == F and row["n_params"] == flops.param_counts(cfg)["n_params"]
+        assert row["seq_len"] == 2048
+        assert_speed_is_its_timings(row)
+        assert 2 ** 18 // row["tokens_per_step"] == 8  # 16 rows x 2048 tokens, 8 of them per 2^18
+        assert row["mfu"] == pytest.approx(F * row["tokens_per_s"] / 989e12, rel=1e-12)
+        assert row["at_2p18_mfu"] == pytest.approx(F * row["at_2p18_tokens_per_s"] / 989e12, rel=1e-12)
+        if row["compiled"]:
+            assert row["compile_s"] == pytest.approx(row["first_step_s"] - row["fwd_bwd_s"] - row["optimizer_s"],
+                                                     rel=1e-9)
+
+
+def test_readmes_gpu_numbers_are_the_committed_record():
+    """README's GPU-check line: compiled MFU at a 2^18-token batch, per width, is the record's range."""
+    readme = (REPO / "README.md").read_text()
+    claim = re.search(r"compiled MFU at a 2¹⁸-token batch\s+(\d+)–(\d+)% \(s = 10\) and (\d+)–(\d+)% \(s = 24\)",
+                      readme)
+    assert claim, "README no longer states the GPU check's MFU"
+    lo10, hi10, lo24, hi24 = map(int, claim.groups())
+    report = json.loads((REPO / "dev" / "results" / "gpu_check" / "gpu_check.json").read_text())
+    for scale, lo, hi in ((10, lo10, hi10), (24, lo24, hi24)):
+        measured = [round(100 * row["at_2p18_mfu"]) for row in report["configs"]
+                    if row["compiled"] and row["scale"] == scale]
+        assert len(measured) == 3 and min(measured) == lo and max(measured) == hi, (scale, measured)

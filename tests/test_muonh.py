@@ -2,7 +2,6 @@
 import io
 import math
 import os
-import socket
 import tempfile
 
 import pytest
@@ -243,6 +242,7 @@ def test_build_optimizers_splits_the_groups():
     assert isinstance(muon, MuonH) and isinstance(adamw, torch.optim.AdamW)
     assert [g["name"] for g in muon.param_groups] == ["matrix"]
     assert muon.param_groups[0]["initial_lr"] == muon.param_groups[0]["lr"] == 0.014
+    assert muon.param_groups[0]["momentum"] == 0.95  # Nesterov momentum mu = 0.95 (App. E)
     assert muon.compute_dtype == torch.float32
     # The empty "hyper" group is left out; each AdamW group has its own base lr.
     assert {g["name"]: g["initial_lr"] for g in adamw.param_groups} == \
@@ -351,28 +351,28 @@ def _dist_train(rank, world_size, shard):
     return [p.detach().clone() for p in params]
 
 
-def _dist_worker(rank, world_size, port, out_dir):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+def _dist_worker(rank, world_size, out_dir):
+    """One gloo rank. The rendezvous is a file in the test's own folder, not a TCP port: no port picked
+    here can be taken by another process before rank 0 binds it, and no rank's teardown depends on a store
+    server that lives in (and exits with) rank 0. The barrier before destroy_process_group makes both ranks
+    leave their last collective together: a rank that tears its gloo pairs down while its peer is still
+    sending or receiving can abort the peer (SIGABRT, "terminate called without an active exception"), as
+    train.py's barrier before destroy_process_group does for its ranks."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(out_dir, 'rendezvous')}", rank=rank,
+                            world_size=world_size)
     try:
         sharded = _dist_train(rank, world_size, shard=True)
         unsharded = _dist_train(rank, world_size, shard=False)
         torch.save({"sharded": sharded, "unsharded": unsharded}, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_two_ranks_agree_bitwise_and_match_one_process():
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_dist_worker, args=(2, _free_port(), out_dir), nprocs=2, join=True)
+        mp.spawn(_dist_worker, args=(2, out_dir), nprocs=2, join=True)
         ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(2)]
     single = _dist_train(rank=0, world_size=1, shard=True)
     for i, shape in enumerate(DIST_SHAPES):

@@ -3,11 +3,19 @@ The CPU study's published numbers are the committed results': README.md's phi ta
 dev/study_tables.py computes from dev/results/cpu-micro*/ (rows and fits), line for line.
 (That each fit refits from its rows is tests/test_fit_laws.py; that the grid is sweep.sh's plan and
 brackets its minima is tests/test_sweep.py.)
+The accounting of every committed row is flops.py's, recomputed here from the row's own configuration, and
+every committed bootstrap CI is the 95% interval its resamples' fractions say it is.
 """
+import dataclasses
+import hashlib
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+import flops
 
 ROOT = Path(__file__).resolve().parents[1]
 # the case studies fitted against the layout-matched r = 1 (dev/study_tables.py --layout-anchored)
@@ -38,3 +46,85 @@ def test_layout_anchored_fits_read_the_committed_rows():
         cmp = json.loads(path.read_text())
         assert cmp["compare"]["n_runs"] == len(rows.splitlines())
         assert cmp["compare"]["file"].endswith(f"{grid}/fit/layout_anchored.jsonl")
+
+
+RESULTS = ROOT / "dev" / "results"
+# Each result set the study and its diagnostics rest on, with its row count: a renamed or emptied file fails
+# here instead of silently dropping out of the glob below.
+EXPECTED_RESULTS = {"cpu-micro/results.jsonl": 56, "cpu-micro-layout/results.jsonl": 56,
+                    "cpu-micro-lr/results.jsonl": 56, "cpu-micro-trunc/results.jsonl": 62,
+                    "cpu-micro-hyper/results.jsonl": 59, "diagnostics/results.jsonl": 49,
+                    "cpu-micro-v1-fileorder/results.jsonl": 52, "cpu-micro-v2-flat/results.jsonl": 48}
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def training_rows(path):
+    """A results file of train.py (its first row has flops.py's counts), not e.g. evaluate.py's task rows."""
+    rows = read_jsonl(path)
+    return bool(rows) and "flops_per_token" in rows[0]
+
+
+COMMITTED_ROWS = [path for path in sorted(RESULTS.glob("**/*.jsonl")) if training_rows(path)]
+
+
+def test_every_expected_result_set_is_committed_whole():
+    for name, n_rows in EXPECTED_RESULTS.items():
+        assert len(read_jsonl(RESULTS / name)) == n_rows, name
+    assert {RESULTS / name for name in EXPECTED_RESULTS} <= set(COMMITTED_ROWS)
+    assert sum(EXPECTED_RESULTS.values()) == 438
+
+
+@pytest.mark.parametrize("path", COMMITTED_ROWS, ids=[str(p.relative_to(RESULTS)) for p in COMMITTED_ROWS])
+def test_committed_rows_are_flops_py_accounting_of_their_own_model(path):
+    """Each row's N, N_once, N_rec, F (§3.1) and its budget's steps and tokens (steps = round(C / (F B)),
+    D = steps B) are what flops.py computes for the ModelConfig the row records; a row with an identity names
+    that very model and is named by its sha256 (the run_id)."""
+    rows = read_jsonl(path)
+    assert rows, path
+    fields = [f.name for f in dataclasses.fields(flops.ModelConfig)]
+    for i, row in enumerate(rows, 1):
+        where = f"{path.relative_to(RESULTS)}:{i}"
+        cfg = flops.ModelConfig(**{k: row[k] for k in fields})
+        counts, F = flops.param_counts(cfg), flops.flops_per_token(cfg)
+        assert (row["n_params"], row["n_once"], row["n_rec"]) == (counts["n_params"], counts["n_once"],
+                                                                  counts["n_rec"]), where
+        assert row["flops_per_token"] == F and row["flops_actual"] == F * row["tokens"], where
+        identity = row.get("identity")
+        batch = row.get("batch_tokens") or identity["horizon"]["batch_tokens"]
+        assert row["tokens"] == row["steps"] * batch, where
+        if row.get("flops_budget"):
+            plan = flops.tokens_for_budget(cfg, row["flops_budget"], batch)
+            assert (row["steps"], row["tokens"]) == (plan["steps"], plan["tokens"]), where
+        if identity:
+            assert identity["model"] == dataclasses.asdict(cfg), where
+            assert row["run_id"] == hashlib.sha256(json.dumps(identity, sort_keys=True, separators=(",", ":"))
+                                                   .encode()).hexdigest(), where
+
+
+def bootstraps(path):
+    fit = json.loads(path.read_text())
+    return [part["bootstrap"] for part in (fit, fit.get("compare") or {}) if part.get("bootstrap")]
+
+
+COMMITTED_FITS = [path for path in sorted(RESULTS.glob("**/fit*.json")) + sorted(RESULTS.glob("**/compare*.json"))
+                  if bootstraps(path)]
+
+
+def test_every_grid_has_a_committed_bootstrap():
+    grids = ("cpu-micro", "cpu-micro-layout", "cpu-micro-lr", "cpu-micro-trunc", "cpu-micro-hyper")
+    assert {RESULTS / grid / "fit" / "fit.json" for grid in grids} <= set(COMMITTED_FITS)
+
+
+@pytest.mark.parametrize("path", COMMITTED_FITS, ids=[str(p.relative_to(RESULTS)) for p in COMMITTED_FITS])
+def test_committed_phi_cis_are_95_percent_intervals(path):
+    """A 95% percentile CI (App. G.2) reaches 0 exactly when more than 2.5% of the resampled phis do, and 1
+    exactly when more than 2.5% reach 1 (fractions within half a percent of 2.5% are not decisive)."""
+    for boot in bootstraps(path):
+        lo, hi = boot["phi_ci"]
+        assert lo <= hi and boot["not_converged"] == 0
+        for fraction, beyond in ((boot["frac_phi_le_0"], lo <= 0), (boot["frac_phi_ge_1"], hi >= 1)):
+            if abs(fraction - 0.025) > 0.005:
+                assert beyond == (fraction > 0.025), (path, boot["phi_ci"], fraction)

@@ -1,0 +1,461 @@
+"""
+Mutation check: break one mechanism of the paper at a time and see whether the tests notice.
+
+Each entry of MUTATIONS is one semantic mutation: the file, the exact code, its broken version and the
+tests that should fail (pytest node ids, or "FILE -k EXPR"). For each, the repository is copied into a
+scratch folder (tempfile; the working tree is never touched), the code is replaced there, and the tests
+run with `python -m pytest -q -x` under a timeout. A mutation is "killed" when a test fails (or the run
+times out), "survived" when they all pass, "stale" when its exact code is no longer in the file (or is
+there more than once), "error" when pytest could not run the tests (e.g. a node id that does not exist).
+Anything but killed is a failure: exit 1, so the list stays in sync with the code and every mechanism
+on it keeps a test that pins it.
+
+    python dev/mutate.py                        # all mutations, one at a time; killed/survived and the kill rate
+    python dev/mutate.py --list                 # the list: name, file, tests
+    python dev/mutate.py --only rope_identity   # one (or a comma-separated few)
+    python dev/mutate.py --check                # only check that every entry's code is in its file (seconds)
+    python dev/mutate.py --jobs 2               # parallel scratch copies (default 1: the suite assumes 2 cores)
+    python dev/mutate.py --tests-from /tmp/tests_then --whole-files   # another tests/ folder (e.g. an older
+                                                # suite), running the whole files the entries name
+"""
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str       # relative to the repository root
+    code: str       # exact text, present exactly once in the file
+    broken: str     # what it becomes
+    tests: tuple    # pytest node ids ("tests/test_x.py::test_y") or "tests/test_x.py -k EXPR"
+    claim: str      # the mechanism, in the paper's words
+
+
+M = Mutation
+MUTATIONS = [
+    # ---- model.py: the looped transformer (§3.1, §5, App. A, App. C) ----
+    M("rope_identity", "model.py",
+      "return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)", "return x",
+      ("tests/test_model.py -k rope",), "RoPE gives attention the token positions"),
+    M("rope_rotates_backwards", "model.py",
+      "return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)",
+      "return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)",
+      ("tests/test_model.py::test_rope_rotates_each_pair_by_position_times_frequency",),
+      "RoPE rotates (x_i, x_{i+D/2}) by +t*theta_i"),
+    M("rope_base_100", "model.py", "ROPE_BASE = 10000.0", "ROPE_BASE = 100.0",
+      ("tests/test_model.py::test_rope_rotates_each_pair_by_position_times_frequency",), "RoPE base 10000"),
+    M("no_qk_norm", "model.py",
+      "q, k = F.rms_norm(q, (self.head_dim,), eps=NORM_EPS), F.rms_norm(k, (self.head_dim,), eps=NORM_EPS)",
+      "q, k = q * 1.0, k * 1.0",
+      ("tests/test_model.py::test_qk_norm_makes_attention_independent_of_the_scale_of_wq_and_wk",),
+      "parameter-free QK-norm after RoPE"),
+    M("relu_not_squared", "model.py", "F.relu(self.c_fc(x)).square()", "F.relu(self.c_fc(x))",
+      ("tests/test_model.py::test_block_is_prenorm_attention_then_squared_relu_mlp",), "squared-ReLU MLP"),
+    M("post_norm", "model.py", "x = x + self.attn(self.norm_1(x), rope, backend, cache)",
+      "x = self.norm_1(x + self.attn(x, rope, backend, cache))",
+      ("tests/test_model.py::test_block_is_prenorm_attention_then_squared_relu_mlp",), "pre-norm blocks"),
+    M("not_causal", "model.py", "is_causal=True", "is_causal=False",
+      ("tests/test_model.py -k test_causal",), "causal attention"),
+    M("softcap_30", "model.py", "LOGIT_SOFTCAP = 15.0", "LOGIT_SOFTCAP = 30.0",
+      ("tests/test_model.py::test_logits_softcapped",), "logits soft-capped at 15"),
+    M("truncation_off", "model.py", "with torch.set_grad_enabled(grad_on and t >= r - r_bwd):",
+      "with torch.set_grad_enabled(grad_on):",
+      ("tests/test_model.py::test_truncated_bptt_gradient_flows_only_through_the_last_r_bwd_loops",),
+      "truncated BPTT: only the last r_bwd loops carry gradient (§5.1)"),
+    M("truncation_first_loops", "model.py", "with torch.set_grad_enabled(grad_on and t >= r - r_bwd):",
+      "with torch.set_grad_enabled(grad_on and t < r_bwd):",
+      ("tests/test_model.py::test_truncated_bptt_same_forward_and_no_grad_in_early_loops",),
+      "truncated BPTT keeps the last loops, not the first"),
+    M("injection_init_on_s", "model.py", "self.w_inj.weight[:, :d].copy_(torch.eye(d))",
+      "self.w_inj.weight[:, d:].copy_(torch.eye(d))",
+      ("tests/test_model.py::test_linear_injection_starts_as_identity_on_e",), "W_inj starts as [I|0] (u = e)"),
+    M("hyper_reads_lane_0", "model.py", "self.hc_alpha[steps, steps % K] = 1.0", "self.hc_alpha[steps, 0] = 1.0",
+      ("tests/test_model.py::test_hyperconnections_init_semantics",), "step t reads lane t mod K at init (§5.2)"),
+    M("hyper_wraps_beyond_r", "model.py", "step = min(t, self.cfg.r - 1)", "step = t % self.cfg.r",
+      ("tests/test_model.py -k test_eval_at_another_loop_count",),
+      "beyond the trained r the last hyperconnection step is reused"),
+    M("additive_starts_at_e", "model.py",
+      'return torch.zeros_like(e) if self.cfg.injection == "additive" else e', "return e",
+      ("tests/test_model.py -k test_eval_at_another_loop_count",), "additive injection: s_0 = 0, u = s + e"),
+    M("injection_reads_s_e", "model.py", "return self.w_inj(torch.cat([e, s], dim=-1))",
+      "return self.w_inj(torch.cat([s, e], dim=-1))",
+      ("tests/test_model.py -k test_eval_at_another_loop_count",), "linear injection u = W_inj [e; s] (§3.1)"),
+    M("hyper_no_lane_mix", "model.py", "lanes = (self.hc_mix[step].float() @ lanes",
+      "lanes = (lanes",
+      ("tests/test_model.py -k test_eval_at_another_loop_count",), "hyperconnection lanes <- M_t lanes + beta_t s"),
+    M("no_recurrent_norm", "model.py", "return self.norm_recur(u)", "return u",
+      ("tests/test_model.py -k test_eval_at_another_loop_count",), "every recurrence ends in the recurrent RMSNorm"),
+    M("r_eval_ignored", "model.py", "r = cfg.r if r is None else r", "r = cfg.r",
+      ("tests/test_model.py -k test_eval_at_another_loop_count",), "evaluation at another loop count (App. A)"),
+    # ---- flops.py: the accounting the law is fitted on (§3.1, truncate-or-not App. D.1) ----
+    M("vocab_pad_32", "flops.py", "return -(-self.vocab_size // 64) * 64", "return -(-self.vocab_size // 32) * 32",
+      ("tests/test_model.py -k test_vocab_is_padded",), "vocabulary padded to a multiple of 64 (32,064)"),
+    M("block_without_norms", "flops.py", "return 12 * d * d + 2 * d", "return 12 * d * d",
+      ("tests/test_flops.py -k test_paper_parameter_counts_at_s10",), "n_b = 12 d^2 + 2d"),
+    M("w_inj_half", "flops.py", "return 2 * d * d  # W_inj", "return d * d  # W_inj",
+      ("tests/test_flops.py -k test_paper_parameter_counts_at_s10",), "W_inj is d x 2d, part of N_rec"),
+    M("n_once_two_norms", "flops.py", "n_once = (cfg.prelude + cfg.coda) * n_b + 3 * d",
+      "n_once = (cfg.prelude + cfg.coda) * n_b + 2 * d",
+      ("tests/test_flops.py::test_reference_horizon_matches_recipe",), "the three model-level norms are in N_once"),
+    M("truncation_saves_no_params_flops", "flops.py", "+ (2 * f + 6 * k) * (cfg.recur * 12 * d * d + p_inj))",
+      "+ 6 * cfg.r * (cfg.recur * 12 * d * d + p_inj))",
+      ("tests/test_flops.py::test_truncation_reduces_flops_as_2f_plus_6k",), "F = ... + (2f + 6k)(P_recur + P_inj)"),
+    M("truncation_saves_no_attention_flops", "flops.py", "+ (4 * f + 12 * k) * cfg.recur * d * T",
+      "+ 12 * cfg.r * cfg.recur * d * T",
+      ("tests/test_flops.py::test_truncation_reduces_flops_as_2f_plus_6k",), "attention FLOPs (4f + 12k) l_recur d T"),
+    M("budget_floor", "flops.py", "steps = max(1, round(flops / (F * batch_tokens)))",
+      "steps = max(1, int(flops / (F * batch_tokens)))",
+      ("tests/test_flops.py -k budget",), "steps = round(C / (F B))"),
+    M("mfu_one_gpu", "flops.py", "/ (n_gpus * peak)", "/ peak",
+      ("tests/test_flops.py -k mfu",), "MFU divides by the peak of every GPU"),
+    M("n_eff_linear_in_phi", "flops.py", "return n_once + r ** phi * n_rec", "return n_once + r * phi * n_rec",
+      ("tests/test_flops.py::test_section1_equivalence_example",), "N_eff = N_once + r^phi N_rec (Eq. 2)"),
+    M("reference_horizon_20x", "flops.py", "return 10 * effective_params(", "return 20 * effective_params(",
+      ("tests/test_flops.py::test_reference_horizon_matches_recipe",), "D_ref = 10 x effective params (App. E)"),
+    # ---- muonh.py: the optimiser and the LR rule (§4.1, App. E) ----
+    M("schedule_constant", "muonh.py", "return 1.0 - (1.0 - final_frac) * progress", "return 1.0",
+      ("tests/test_muonh.py::test_schedule_is_linear_from_one_to_a_tenth",), "linear decay 1.0 -> 0.1"),
+    M("no_sphere_projection", "muonh.py", "p.mul_(radius / torch.linalg.vector_norm(p))", "pass",
+      ("tests/test_muonh.py::test_frobenius_norm_is_preserved_for_100_steps",), "W projected back onto ||W_0||_F"),
+    M("step_not_relative", "muonh.py", 'p.sub_(direction * (group["lr"] * radius / direction_norm))',
+      'p.sub_(direction * (group["lr"] / direction_norm))',
+      ("tests/test_muonh.py -k test_relative_step_before_projection_is_lr",), "||dW||_F / ||W||_F = lr"),
+    M("no_nesterov", "muonh.py", "update = p.grad.lerp(momentum, mu)", "update = momentum.clone()",
+      ("tests/test_muonh.py::test_step_matches_the_recipe_formula_with_nesterov_momentum",), "Nesterov momentum"),
+    M("three_ns_steps", "muonh.py", "POLAR_EXPRESS_COEFFICIENTS = polar_express_coefficients()",
+      "POLAR_EXPRESS_COEFFICIENTS = polar_express_coefficients(num_steps=3)",
+      ("tests/test_muonh.py::test_polar_express_derivation_reproduces_the_papers_coefficients",),
+      "5 Newton-Schulz steps (Polar Express)"),
+    M("momentum_0_9", "muonh.py", 'lr=BASE_LRS["matrix"], momentum=0.95,', 'lr=BASE_LRS["matrix"], momentum=0.9,',
+      ("tests/test_muonh.py::test_build_optimizers_splits_the_groups",), "Nesterov momentum mu = 0.95"),
+    M("data_exponent_sign", "muonh.py", "data_factor = (tokens / tokens_ref) ** (-data_exp)",
+      "data_factor = (tokens / tokens_ref) ** data_exp",
+      ("tests/test_muonh.py::test_transfer_factors_move_the_right_way",), "MuonH LR ~ (D/D_ref)^-0.32"),
+    M("muonh_width_factor", "muonh.py", '"matrix": batch_factor * data_factor,',
+      '"matrix": batch_factor * data_factor * width_factor,',
+      ("tests/test_muonh.py::test_transfer_factors_move_the_right_way",), "MuonH has no width factor"),
+    M("adamw_betas", "muonh.py", "ADAMW_BETAS = (0.8, 0.95)", "ADAMW_BETAS = (0.9, 0.95)",
+      ("tests/test_muonh.py::test_build_optimizers_splits_the_groups",), "AdamW betas (0.8, 0.95)"),
+    # ---- train.py / runs.py: one run of the grid ----
+    M("schedule_not_applied", "train.py", 'group["lr"] = group["initial_lr"] * lr_mult',
+      'group["lr"] = group["initial_lr"]',
+      ("tests/test_train.py -k lr_schedule",), "every step runs at initial_lr x (1 - 0.9 step/(steps-1))"),
+    M("validation_on_train_split", "train.py", 'run.val_loader = RowLoader(args.data, "val", val_batch, RANK, WORLD)',
+      'run.val_loader = RowLoader(args.data, "train", val_batch, RANK, WORLD)',
+      ("tests/test_train.py -k held_out",), "the validation loss is the held-out split's"),
+    M("validation_half_the_rows", "train.py", "run.val_batches = max(1, eval_rows // (val_batch * WORLD))",
+      "run.val_batches = max(1, eval_rows // (val_batch * WORLD) // 2)",
+      ("tests/test_train.py -k held_out",), "the validation loss averages --eval-rows rows"),
+    M("validation_rows_drift", "train.py", "run.val_loader.row = 0", "pass",
+      ("tests/test_train.py -k held_out",), "every evaluation reads the same held-out rows"),
+    M("eval_r_ignored", "train.py", "total += run.model(x.to(run.device), y.to(run.device), r=r).item()",
+      "total += run.model(x.to(run.device), y.to(run.device)).item()",
+      ("tests/test_train.py -k held_out",), "--eval-r evaluates at that loop count (App. A)"),
+    M("plain_runs_use_the_looped_horizon", "runs.py", "flops.reference_horizon(looped=cfg.r > 1)",
+      "flops.reference_horizon(looped=True)",
+      ("tests/test_train.py -k test_every_mode_trains",), "r = 1 transfers its LRs from the r = 1 reference"),
+    M("lr_horizon_off_by_a_step", "runs.py",
+      "learning_rates(cfg.d_model, args.batch_tokens, steps * args.batch_tokens,",
+      "learning_rates(cfg.d_model, args.batch_tokens, (steps + 1) * args.batch_tokens,",
+      ("tests/test_train.py -k test_every_mode_trains",), "the MuonH LR's D is the run's tokens"),
+    # ---- dataloader.py / prepare_data.py: the rows every architecture reads (§4.1) ----
+    M("file_order", "dataloader.py",
+      "self._orders = {epoch: np.random.default_rng([ROW_ORDER_SEED, epoch]).permutation(self.n_rows)}",
+      "self._orders = {epoch: np.arange(self.n_rows)}",
+      ("tests/test_prepare_data.py::test_row_loader_reads_each_row_once_per_pass_in_a_shuffled_order",),
+      "rows are read in a seeded permutation"),
+    M("same_order_every_pass", "dataloader.py", "np.random.default_rng([ROW_ORDER_SEED, epoch])",
+      "np.random.default_rng([ROW_ORDER_SEED])",
+      ("tests/test_prepare_data.py::test_row_loader_reads_each_row_once_per_pass_in_a_shuffled_order",),
+      "a new permutation every pass"),
+    M("row_order_seed", "dataloader.py", "ROW_ORDER_SEED = 1234", "ROW_ORDER_SEED = 4321",
+      ("tests/test_train.py -k held_out",), "the data order behind the committed runs (seed 1234)"),
+    M("targets_not_shifted", "dataloader.py", "return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()",
+      "return rows[:, :-1].contiguous(), rows[:, :-1].contiguous()",
+      ("tests/test_prepare_data.py::test_row_loader_batches_are_shifted_rows",), "y is x shifted by one token"),
+    M("ranks_take_blocks", "dataloader.py",
+      "global_rows = self.row + self.rank + self.world_size * np.arange(self.batch_rows)",
+      "global_rows = self.row + self.rank * self.batch_rows + np.arange(self.batch_rows)",
+      ("tests/test_prepare_data.py::test_row_loader_ranks_partition_the_single_process_batch",),
+      "rank k reads global rows row + k + world * i"),
+    M("no_bos", "prepare_data.py", "np.array([tok.bos_id, *ids], np.uint16)", "np.array(ids, np.uint16)",
+      ("tests/test_prepare_data.py::test_validation_documents_never_appear_in_train",),
+      "every document starts with BOS"),
+    M("shortest_first_not_best_fit", "prepare_data.py", "        if fit:\n            longest_that_fits",
+      "        if False:\n            longest_that_fits",
+      ("tests/test_prepare_data.py::test_best_fit_takes_the_largest_piece_that_fits",),
+      "best-fit: the largest piece that fits the space left"),
+    M("validation_from_the_first_files", "prepare_data.py", "elif k >= len(files) - val_files:",
+      "elif k < val_files:",
+      ("tests/test_prepare_data.py::test_download_build_rerun_is_cached_and_deterministic",),
+      "validation = the dataset's last shards, whatever --shards is (§4.1)"),
+    M("validation_from_the_first_documents", "prepare_data.py",
+      "val_from = n - min(math.ceil(val_fraction * n), max(n - 1, 0))",
+      "val_from = min(math.ceil(val_fraction * n), max(n - 1, 0))",
+      ("tests/test_prepare_data.py::test_validation_documents_never_appear_in_train",),
+      "--val-fraction holds out each file's last documents"),
+    M("best_fit_ties_take_the_latest", "prepare_data.py",
+      "at = bisect.bisect_left(self.keys, (longest_that_fits, -1))", "at = fit - 1",
+      ("tests/test_prepare_data.py::test_micro_corpus_rows_are_the_ones_behind_the_committed_cpu_results",),
+      "best-fit ties go to the earliest buffered piece (the committed rows' packing)"),
+    M("crop_not_counted", "prepare_data.py", "self.cropped += length - len(piece)", "self.cropped += 0",
+      ("tests/test_prepare_data.py::test_when_nothing_fits_the_shortest_is_cropped_and_counted",),
+      "what cropping discards is counted"),
+    # ---- evaluate.py / eval_tasks.py: the downstream protocol (App. I.1) ----
+    M("task_loss_per_item", "evaluate.py", '"loss": nats / tokens,', '"loss": nats / items,',
+      ("tests/test_evaluate.py -k row_loss",), "a task's loss is its gold nats over its continuation tokens"),
+    M("mc_picks_the_worst", "evaluate.py", "correct = mean.index(min(mean)) == gold",
+      "correct = mean.index(max(mean)) == gold",
+      ("tests/test_evaluate.py::test_a_model_that_memorised_the_answers_scores_accuracy_one",),
+      "MC: the option with the lowest mean loss"),
+    M("fewshot_may_be_the_item", "eval_tasks.py", "return [j + 1 if j >= index else j for j in picks]",
+      "return picks", ("tests/test_evaluate.py::test_fewshot_draws_are_deterministic_and_never_the_item_itself",),
+      "few-shot examples never include the item itself"),
+    M("truncation_keeps_the_start", "evaluate.py", "context = context[len(context) - keep:]",
+      "context = context[:keep]",
+      ("tests/test_evaluate.py::test_left_truncation_keeps_bos_and_the_end_of_the_prompt",),
+      "a long prompt loses its start, not its end"),
+    # ---- laws.py / fit_laws.py: the fits (§4.2, App. E, G.2, I.1) ----
+    M("ci_quartiles", "laws.py",
+      "return [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]",
+      "return [float(np.percentile(draws, 25)), float(np.percentile(draws, 75))]",
+      ("tests/test_fit_laws.py -k percentiles_of_its_draws",), "95% percentile CIs (App. G.2)"),
+    M("bootstrap_runs_not_cells", "laws.py", "return counts[cell_of_run].astype(float), rng",
+      "return counts[np.arange(len(cell_of_run)) % len(counts)].astype(float), rng",
+      ("tests/test_fit_laws.py -k whole_cells",), "the bootstrap resamples whole (budget, r) cells (App. G.2)"),
+    M("category_sum", "fit_laws.py", "sum(losses[task] for task in tasks) / len(tasks)",
+      "sum(losses[task] for task in tasks)",
+      ("tests/test_evaluate.py::test_rows_per_run_task_and_r_and_a_rerun_loads_nothing",),
+      "a category's loss is the mean of its tasks' losses (App. I.1)"),
+    M("objective_ignores_phi", "laws.py", 'neff = prob["n_once"] + rphi * prob["n_rec"]',
+      'neff = prob["n_once"] + prob["n_rec"]',
+      ("tests/test_fit_laws.py::test_reference_points_phi_0_and_1_recovered",),
+      "the joint law's N_once + r^phi N_rec"),
+    # ---- dev/gpu_check.py: the GPU record's projection ----
+    M("projection_accumulates_the_optimizer", "dev/gpu_check.py",
+      "accum * tokens / (accum * fwd_bwd_s + optimizer_s)", "accum * tokens / (accum * (fwd_bwd_s + optimizer_s))",
+      ("tests/test_gpu_check.py::test_tiny_run_measures_every_configuration",),
+      "at 2^18 the optimiser runs once per accumulated batch"),
+]
+
+
+# ----------------------------------------------------------------------------------------------
+
+def check(mutation, root=REPO):
+    """None if the mutation applies to `root`, else why it does not ("stale: ...")."""
+    path = Path(root) / mutation.file
+    if not path.exists():
+        return f"stale: {mutation.file} does not exist"
+    found = path.read_text().count(mutation.code)
+    if found != 1:
+        return f"stale: the code is {'not' if found == 0 else f'{found} times'} in {mutation.file}"
+    return None
+
+
+def repository_files(root):
+    """The working tree as git sees it: tracked files and untracked ones git does not ignore."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    return [name for name in listed if name and (Path(root) / name).is_file()]
+
+
+def make_scratch(files, tests_from):
+    """A copy of the repository in a temp folder; tests/ replaced by `tests_from` if given."""
+    scratch = Path(tempfile.mkdtemp(prefix="nanoloop-mutate-"))
+    for name in files:
+        if tests_from and name.startswith("tests/"):
+            continue
+        dest = scratch / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, dest)
+    if tests_from:
+        shutil.copytree(tests_from, scratch / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    return scratch
+
+
+def pytest_args(tests, whole_files):
+    """The pytest command-line targets of an entry's tests (whole files: each named file once, no -k)."""
+    if whole_files:
+        return list(dict.fromkeys(test.split("::")[0].split()[0] for test in tests))
+    args, k_exprs = [], []
+    for test in tests:
+        target, _, expr = test.partition(" -k ")
+        args.append(target)
+        if expr:
+            k_exprs.append(f"({expr})")
+    if k_exprs:  # a -k applies to every target: node ids are kept by naming their test in it
+        names = [t.split("::")[1] for t in args if "::" in t]
+        args = list(dict.fromkeys(t.split("::")[0] for t in args))
+        args += ["-k", " or ".join(k_exprs + names)]
+    return args
+
+
+RUNNING = set()  # the pytest processes in flight: stopped with their children on SIGTERM / Ctrl-C
+
+
+def run_pytest(targets, scratch, timeout):
+    """(exit code or "timeout", output lines) of `python -m pytest -q -x targets` in `scratch`. pytest runs in
+    its own process group, so a timeout stops the torchrun / mp.spawn processes it started as well."""
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *targets]
+    proc = subprocess.Popen(cmd, cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    RUNNING.add(proc)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        return "timeout", []
+    finally:
+        RUNNING.discard(proc)
+    return proc.returncode, out.strip().splitlines()
+
+
+def stop(proc):
+    """SIGKILL a pytest run and its process group (every process it started)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
+
+
+def run_mutation(mutation, scratch, timeout, whole_files):
+    """Apply one mutation in `scratch`, run its tests, restore the file. Returns (outcome, seconds, detail)."""
+    path = scratch / mutation.file
+    original = path.read_text()
+    why = check(mutation, scratch)
+    if why:
+        return "stale", 0.0, why
+    path.write_text(original.replace(mutation.code, mutation.broken))
+    t0 = time.time()
+    try:
+        code, tail = run_pytest(pytest_args(mutation.tests, whole_files), scratch, timeout)
+    finally:
+        path.write_text(original)
+    seconds = time.time() - t0
+    last = tail[-1] if tail else ""
+    if code == "timeout":
+        return "killed", seconds, f"timed out after {timeout} s"
+    if code == 1:
+        failed = next((line for line in tail if line.startswith("FAILED")), last)
+        return "killed", seconds, failed
+    if code == 2 and "error" in last:  # a collection error: the mutated module no longer imports
+        return "killed", seconds, last
+    if code == 0:
+        return "survived", seconds, last
+    return "error", seconds, f"pytest exit {code}: {last}"
+
+
+def baseline_passes(chosen, scratch, args):
+    """Every chosen entry's tests pass unmutated (else a failing test would 'kill' every mutation): the
+    entries' plain targets in one pytest run, each -k selection in its own."""
+    runs, plain = [], []
+    for m in chosen:
+        targets = pytest_args(m.tests, args.whole_files)
+        if "-k" in targets:
+            runs.append(targets)
+        else:
+            plain += [t for t in targets if t not in plain]
+    runs = ([plain] if plain else []) + list(dict.fromkeys(map(tuple, runs)))
+    for targets in runs:
+        code, tail = run_pytest(list(targets), scratch, args.timeout)
+        if code != 0:
+            first = next((x for x in tail if x.startswith(("FAILED", "ERROR"))), tail[-1] if tail else code)
+            print(f"mutate.py: the unmutated tests fail ({' '.join(targets)[:200]}): {first}")
+            return False
+    print(f"baseline: the tests of the {len(chosen)} mutations pass unmutated ({len(runs)} pytest runs)", flush=True)
+    return True
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default="", help="comma-separated mutation names")
+    p.add_argument("--list", action="store_true", help="print the mutations and exit")
+    p.add_argument("--check", action="store_true", help="only check that every entry applies (no tests run)")
+    p.add_argument("--jobs", type=int, default=1, help="mutations run in parallel, each in its own scratch copy")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per mutation's test run")
+    p.add_argument("--tests-from", default="", help="a tests/ folder to use instead of the repository's")
+    p.add_argument("--whole-files", action="store_true", help="run the whole test files an entry names, not its "
+                                                               "node ids (for a tests folder without those tests)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the first run of every chosen test unmutated "
+                                                               "(a test that fails there would 'kill' every mutation)")
+    args = p.parse_args(argv)
+    names = [name for name in args.only.split(",") if name]
+    unknown = set(names) - {m.name for m in MUTATIONS}
+    if unknown or len({m.name for m in MUTATIONS}) != len(MUTATIONS) or args.jobs < 1:
+        print(f"mutate.py: unknown mutation {', '.join(sorted(unknown))}" if unknown else
+              "mutate.py: --jobs must be >= 1 and the names unique", file=sys.stderr)
+        return 2
+    chosen = [m for m in MUTATIONS if not names or m.name in names]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:<38} {m.file:<17} {m.claim}\n{'':<38} tests: {', '.join(m.tests)}")
+        return 0
+    if args.check:
+        stale = [(m, check(m)) for m in chosen if check(m)]
+        for m, why in stale:
+            print(f"{m.name:<38} {why}")
+        print(f"{len(chosen) - len(stale)}/{len(chosen)} mutations apply")
+        return 1 if stale else 0
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))  # SystemExit: the scratch folders go too
+    tests_from = Path(args.tests_from).resolve() if args.tests_from else None
+    scratches = []
+    try:
+        for _ in range(min(args.jobs, len(chosen))):
+            scratches.append(make_scratch(repository_files(REPO), tests_from))
+        if not args.no_baseline and not baseline_passes(chosen, scratches[0], args):
+            return 1
+        results = run_all(chosen, scratches, args)
+    finally:
+        for proc in list(RUNNING):
+            stop(proc)
+        for scratch in scratches:
+            shutil.rmtree(scratch, ignore_errors=True)
+    killed = sum(outcome == "killed" for outcome in results.values())
+    counts = {k: sum(v == k for v in results.values()) for k in ("killed", "survived", "stale", "error")}
+    print(f"\nkill rate {killed}/{len(chosen)} = {100 * killed / len(chosen):.0f}% "
+          f"({', '.join(f'{v} {k}' for k, v in counts.items() if v)})")
+    return 0 if killed == len(chosen) else 1
+
+
+def run_all(chosen, scratches, args):
+    """Every chosen mutation, each in a free scratch copy (len(scratches) at a time); {name: outcome}."""
+    free, results = list(scratches), {}
+    width = max(len(m.name) for m in chosen)
+
+    def one(m):
+        scratch = free.pop()
+        try:
+            outcome, seconds, detail = run_mutation(m, scratch, args.timeout, args.whole_files)
+        finally:
+            free.append(scratch)
+        results[m.name] = outcome
+        print(f"{m.name:<{width}}  {outcome:<8} {seconds:6.0f}s  {detail[:150]}", flush=True)
+
+    pool = ThreadPoolExecutor(len(scratches))
+    try:
+        for future in [pool.submit(one, m) for m in chosen]:
+            future.result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in list(RUNNING):
+            stop(proc)
+        pool.shutdown(wait=True)
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main())
