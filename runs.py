@@ -140,6 +140,20 @@ def read_final(path):
     return row
 
 
+def open_outputs(out, results):
+    """Create the run folder and the results file now, so that a path that cannot be written is refused before
+    the compute (ValueError naming it); returns the folder's lock file, which train.py flocks."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = open(out / ".lock", "a")
+        if results:
+            results.parent.mkdir(parents=True, exist_ok=True)
+            open(results, "a").close()
+    except OSError as e:
+        raise ValueError(f"cannot write the outputs: {e.filename or out}: {e.strerror or e}") from None
+    return lock
+
+
 def settle(out, run_id, identity, results, reuse_from, resume, rank=0):
     """What the folder `out` already holds decides what train.py does, as (outcome, row):
       "train"     nothing yet, or a checkpoint that --resume continues;

@@ -36,8 +36,8 @@ from dataloader import RowLoader, load_tokenizer, read_meta
 from evaluate import sample_texts
 from model import GPT
 from muonh import add_lr_args, build_optimizers, lr_multiplier
-from runs import (finished_row, load_run_model, plan_run, restore_checkpoint, results_row, run_identity,
-                  save_checkpoint, settle)
+from runs import (finished_row, load_run_model, open_outputs, plan_run, restore_checkpoint, results_row,
+                  run_identity, save_checkpoint, settle)
 
 # SIGTERM/SIGINT (preemption, Ctrl-C) only set this flag: the step in flight finishes, then every
 # rank agrees to stop, a checkpoint is written and the run exits; --resume continues it exactly.
@@ -125,7 +125,10 @@ def main(argv=None):
         read_meta(args.data)
     except ValueError as e:
         fail(str(e))
-    lock = open_outputs(out, results)
+    try:
+        lock = open_outputs(out, results)
+    except ValueError as e:
+        fail(str(e))
     with lock:  # flock: released when the process ends, however it ends
         try:
             if RANK == 0:
@@ -136,20 +139,6 @@ def main(argv=None):
         run = SimpleNamespace(args=args, meta=meta, cfg=cfg, steps=steps, identity=identity, run_id=run_id,
                               name=run_name, out=out, results=results, tokenizer=tokenizer)
         return train(run)
-
-
-def open_outputs(out, results):
-    """Create the run folder and the results file now (a path that cannot be written fails before the
-    compute, naming it); returns the folder's lock file."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        lock = open(out / ".lock", "a")
-        if results:
-            results.parent.mkdir(parents=True, exist_ok=True)
-            open(results, "a").close()
-    except OSError as e:
-        fail(f"cannot write the outputs: {e.filename or out}: {e.strerror or e}")
-    return lock
 
 
 def report_finished(args, row, where, tokenizer):

@@ -80,6 +80,71 @@ def phi_table():
     return lines
 
 
+EVAL = RESULTS / "cpu-micro-eval"
+# phi refitted on each category's loss (App. I.1) at the paper's scale; its math and primitives are too noisy there
+PAPER_DOWNSTREAM = {"val_loss": "0.46", "parametric_knowledge": "0.58", "reading_comp": "0.71",
+                    "math_word_problems": "too noisy", "reasoning_primitives": "too noisy"}
+
+
+def downstream_phi_table():
+    """phi of the joint law fitted on each category's loss of the retrained grid (dev/eval_micro.sh), and on
+    the validation loss of the same runs."""
+    lines = ["| loss fitted | runs | φ (95% CI) | R² | paper |", "|---|---|---|---|---|"]
+    fits = sorted((EVAL / "fit").glob("*.json"), key=lambda path: (path.stem != "val_loss", path.stem))
+    for path in fits:
+        fit = json.loads(path.read_text())
+        joint = fit["joint"]
+        lo, hi = joint["phi_ci"] or (float("nan"), float("nan"))
+        paper = PAPER_DOWNSTREAM.get(path.stem, "-")
+        lines.append(f"| {path.stem} | {fit['n_runs']} | {joint['phi']:.2f} [{lo:.2f}, {hi:.2f}] | "
+                     f"{joint['r2']:.3f} | {paper} |")
+    return lines
+
+
+def spread(values):
+    """mean and half the range of a few seeds' values, as 'mean ± half-range'."""
+    return f"{sum(values) / len(values):.3f} ± {(max(values) - min(values)) / 2:.3f}"
+
+
+def seed_table():
+    """The largest budget's seed runs (cpu-micro-seeds: each r's best width, seeds 0, 1, 2): validation and
+    category losses as mean ± half the range over the seeds (App. I's Table 10 judges spread this way)."""
+    rows = load(EVAL / "results.jsonl") + load(EVAL / "seeds.jsonl")
+    seed_runs = {(row["r"], row["d_model"]) for row in load(EVAL / "seeds.jsonl")}
+    losses = {}  # run_id -> {category: loss} at the trained r
+    for row in load(EVAL / "eval.jsonl"):
+        if row["r"] == row["trained_r"]:
+            losses.setdefault(row["run_id"], {}).setdefault(row["category"], []).append(row["loss"])
+    categories = sorted({c for per_run in losses.values() for c in per_run})
+    lines = ["| r | d | seeds | val loss | " + " | ".join(categories) + " |", "|---|---|---|---|" + "---|" * len(categories)]
+    for r, d in sorted(seed_runs):
+        runs = [row for row in rows if (row["r"], row["d_model"]) == (r, d) and row["flops_budget"] == 5e12]
+        cells = [spread([row["val_loss"] for row in runs])]
+        for c in categories:
+            values = [sum(losses[row["run_id"]][c]) / len(losses[row["run_id"]][c]) for row in runs
+                      if c in losses.get(row["run_id"], {})]
+            cells.append(spread(values) if values else "-")
+        lines.append(f"| {r} | {d} | {len(runs)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def retrain_table():
+    """The retrained grid (dev/eval_micro.sh's results.jsonl: the same run identities, trained again with
+    checkpoints kept) against the committed cpu-micro rows: |delta val loss| per r, by run_id."""
+    committed = {row["run_id"]: row["val_loss"] for row in load_rows("cpu-micro")}
+    deltas = {}
+    for row in load(EVAL / "results.jsonl"):
+        if row["run_id"] in committed:
+            deltas.setdefault(row["r"], []).append(abs(row["val_loss"] - committed[row["run_id"]]))
+    lines = ["| r | runs | mean abs. Δ | median | max |", "|---|---|---|---|---|"]
+    everything = sorted(v for values in deltas.values() for v in values)
+    for r, values in sorted(deltas.items()) + [("all", everything)]:
+        values = sorted(values)
+        lines.append(f"| {r} | {len(values)} | {sum(values) / len(values):.3f} | {values[len(values) // 2]:.3f} | "
+                     f"{values[-1]:.3f} |")
+    return lines
+
+
 def loss_tables():
     rows = [row for grid, _, _ in GRIDS for row in load_rows(grid)]
     seen, unique = set(), []
@@ -117,6 +182,12 @@ def main():
     print("phi per grid\n" + "\n".join(phi_table()))
     print("\nbest width per (budget, column): val loss (nats/token) and d\n" + "\n".join(best))
     print("\nevery run: val loss (nats/token)\n" + "\n".join(full))
+    if (EVAL / "fit").is_dir():
+        print("\ndownstream phi per category (dev/eval_micro.sh)\n" + "\n".join(downstream_phi_table()))
+    if (EVAL / "results.jsonl").exists():
+        print("\nretrained grid against the committed rows (val loss, nats/token)\n" + "\n".join(retrain_table()))
+    if (EVAL / "seeds.jsonl").exists():
+        print("\nseed spread at 5e12 (nats/token, mean ± half-range)\n" + "\n".join(seed_table()))
 
 
 if __name__ == "__main__":
