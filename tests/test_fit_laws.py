@@ -701,3 +701,27 @@ def test_bootstrap_resamples_whole_cells(small_bootstrap):
         counts = [w.pop() for w in per_cell]
         assert sum(counts) == len(r_of_cell) and all(float(c).is_integer() for c in counts)
         assert len({r for r, c in zip(r_of_cell, counts) if c}) >= 2  # phi needs two loop counts
+
+
+DOWNSTREAM_FITS = sorted((STUDY / "cpu-micro-eval" / "fit").glob("*.json"))
+
+
+def test_the_downstream_evaluation_has_a_committed_fit_per_category():
+    categories = json.loads((ROOT / "data" / "eval" / "categories-cpu.json").read_text())["categories"]
+    assert [p.stem for p in DOWNSTREAM_FITS] == sorted([*categories, "val_loss"])
+
+
+@pytest.mark.parametrize("fit_json", DOWNSTREAM_FITS, ids=[p.stem for p in DOWNSTREAM_FITS])
+def test_each_committed_downstream_fit_refits_to_its_phi(fit_json):
+    """App. I at CPU scale: each category's committed joint fit refits from the committed training rows and
+    evaluation rows (joined by run_id, the category's loss in place of the validation loss) to the phi it
+    reports; val_loss.json is the same runs' validation loss."""
+    eval_dir = fit_json.parent.parent
+    args = ["--restarts", "40", "--bootstrap", "0", "--workers", "1"]
+    if fit_json.stem != "val_loss":
+        args += ["--evals", str(eval_dir / "eval.jsonl"), "--metric", fit_json.stem,
+                 "--categories", str(ROOT / "data" / "eval" / "categories-cpu.json")]
+    proc = fit_cli(eval_dir / "results.jsonl", *args)
+    assert proc.returncode == 0, proc.stderr
+    phi = float(re.search(r"phi   = (-?[\d.]+)", proc.stdout).group(1))
+    assert phi == pytest.approx(json.loads(fit_json.read_text())["joint"]["phi"], abs=0.01)

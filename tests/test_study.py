@@ -32,6 +32,29 @@ def test_readme_phi_table_is_the_committed_fits():
     assert all(line in readme for line in table), table
 
 
+def study_tables_block(title):
+    """One titled block of dev/study_tables.py's output (its lines after the title)."""
+    out = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py")], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    (block,) = [part for part in out.split("\n\n") if part.startswith(title)]
+    return block.splitlines()[1:]
+
+
+def test_readme_downstream_table_is_the_committed_category_fits():
+    """App. I at CPU scale: README's phi-per-category table is study_tables.py's rendering of
+    dev/results/cpu-micro-eval/fit/*.json (the validation loss of the same runs first, then each category of
+    data/eval/categories-cpu.json), and those fits read the committed evaluation rows."""
+    table = study_tables_block("downstream phi per category")
+    categories = json.loads((ROOT / "data" / "eval" / "categories-cpu.json").read_text())["categories"]
+    assert [line.split(" | ")[0].strip("| ") for line in table[2:]] == ["val_loss", *sorted(categories)]
+    readme = (ROOT / "README.md").read_text().splitlines()
+    assert all(line in readme for line in table), table
+    eval_rows = (ROOT / "dev" / "results" / "cpu-micro-eval" / "eval.jsonl").read_text().splitlines()
+    tasks = {json.loads(line)["task"] for line in eval_rows}
+    assert tasks == {task for labels in categories.values() for task in labels}
+    assert len(eval_rows) == len(tasks) * (56 + 4)  # every task, every grid run and seed run, at the trained r
+
+
 def test_layout_anchored_fits_read_the_committed_rows():
     """A case study against the layout-matched r = 1 is fitted from <grid>/fit/layout_anchored.jsonl: that
     file is the grid's own looped rows plus cpu-micro-layout's r = 1 rows (what study_tables.py builds),
@@ -54,7 +77,8 @@ RESULTS = ROOT / "dev" / "results"
 EXPECTED_RESULTS = {"cpu-micro/results.jsonl": 56, "cpu-micro-layout/results.jsonl": 56,
                     "cpu-micro-lr/results.jsonl": 56, "cpu-micro-trunc/results.jsonl": 62,
                     "cpu-micro-hyper/results.jsonl": 59, "diagnostics/results.jsonl": 49,
-                    "cpu-micro-v1-fileorder/results.jsonl": 52, "cpu-micro-v2-flat/results.jsonl": 48}
+                    "cpu-micro-v1-fileorder/results.jsonl": 52, "cpu-micro-v2-flat/results.jsonl": 48,
+                    "cpu-micro-eval/results.jsonl": 56, "cpu-micro-eval/seeds.jsonl": 4}
 
 
 def read_jsonl(path):
@@ -74,7 +98,7 @@ def test_every_expected_result_set_is_committed_whole():
     for name, n_rows in EXPECTED_RESULTS.items():
         assert len(read_jsonl(RESULTS / name)) == n_rows, name
     assert {RESULTS / name for name in EXPECTED_RESULTS} <= set(COMMITTED_ROWS)
-    assert sum(EXPECTED_RESULTS.values()) == 438
+    assert sum(EXPECTED_RESULTS.values()) == 498
 
 
 @pytest.mark.parametrize("path", COMMITTED_ROWS, ids=[str(p.relative_to(RESULTS)) for p in COMMITTED_ROWS])

@@ -144,6 +144,20 @@ def test_cpu_micro_lr_gives_r2_and_r4_their_own_muonh_lr_and_reuses_r1_and_r8():
         assert last_lr == ("0.014" if r in ("2", "4") else "0.056"), line
 
 
+def test_cpu_micro_seeds_repeats_each_r_best_committed_run_at_the_largest_budget_with_seed_1():
+    """App. I judges run-to-run spread with more seeds at the largest budget: cpu-micro-seeds is, for each r,
+    the width whose committed seed-0 cpu-micro row is best at 5e12, with the same flags and --seed 1."""
+    base = printed_runs("cpu-micro")
+    committed = [json.loads(line) for line in (REPO / "dev/results/cpu-micro/results.jsonl").read_text().splitlines()]
+    largest = [row for row in committed if row["flops_budget"] == 5e12]
+    seeds = printed_runs("cpu-micro-seeds")
+    assert len(seeds) == 4
+    for r in (1, 2, 4, 8):
+        best = min((row for row in largest if row["r"] == r), key=lambda row: row["val_loss"])
+        name = f"r{r}_s{best['scale']:g}_C5e12_micro"
+        assert seeds[name.replace("_micro", "_seed1_micro")] == base[name] + " --seed 1", r
+
+
 @pytest.mark.parametrize("grid", ["cpu-micro", "cpu-micro-trunc", "cpu-micro-hyper", "cpu-micro-lr"])
 def test_committed_cpu_micro_results_are_this_grid_and_bracket_every_minimum(grid):
     """dev/results/<grid> holds the CPU grid as sweep.sh defines it: one row per planned run, at the
