@@ -57,16 +57,21 @@ def layout_anchored_rows(grid):
             [row for row in load_rows(grid) if row["r"] > 1])
 
 
+def phi_with_ci(joint):
+    """A joint fit's phi and its bootstrap CI, as '0.82 [-3.00, 1.02]'."""
+    lo, hi = joint["phi_ci"] or (float("nan"), float("nan"))
+    return f"{joint['phi']:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
 def phi_row(label, paper, fit, delta_of=None, runs_so_far=0):
     """One line of the phi table: the joint fit's phi with its CI, and delta-phi if a comparison exists."""
     if fit is None:
         return f"| {label} | {runs_so_far} so far | not fitted yet | {paper} | - |"
-    lo, hi = fit["joint"]["phi_ci"] or (float("nan"), float("nan"))
     delta = "-"
     if delta_of is not None:
         ci = delta_of.get("delta_phi_ci") or (float("nan"), float("nan"))
         delta = f"{delta_of['delta_phi']:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}]"
-    return f"| {label} | {fit['n_runs']} | {fit['joint']['phi']:.2f} [{lo:.2f}, {hi:.2f}] | {paper} | {delta} |"
+    return f"| {label} | {fit['n_runs']} | {phi_with_ci(fit['joint'])} | {paper} | {delta} |"
 
 
 def read_json(path):
@@ -98,11 +103,9 @@ def downstream_phi_table():
     fits = sorted((EVAL / "fit").glob("*.json"), key=lambda path: (path.stem != "val_loss", path.stem))
     for path in fits:
         fit = json.loads(path.read_text())
-        joint = fit["joint"]
-        lo, hi = joint["phi_ci"] or (float("nan"), float("nan"))
         paper = PAPER_DOWNSTREAM.get(path.stem, "-")
-        lines.append(f"| {path.stem} | {fit['n_runs']} | {joint['phi']:.2f} [{lo:.2f}, {hi:.2f}] | "
-                     f"{joint['r2']:.3f} | {paper} |")
+        lines.append(f"| {path.stem} | {fit['n_runs']} | {phi_with_ci(fit['joint'])} | {fit['joint']['r2']:.3f} | "
+                     f"{paper} |")
     return lines
 
 
@@ -114,14 +117,15 @@ def spread(values):
 def seed_table():
     """The largest budget's seed runs (cpu-micro-seeds: each r's best width, seeds 0 and 1): validation and
     category losses (fit_laws.category_losses, at the trained r) as mean ± half the range over the seeds."""
-    rows = load(EVAL / "results.jsonl") + load(EVAL / "seeds.jsonl")
-    seed_runs = sorted({(row["r"], row["d_model"]) for row in load(EVAL / "seeds.jsonl")})
+    seed_rows = load(EVAL / "seeds.jsonl")
+    rows = load(EVAL / "results.jsonl") + seed_rows
+    seed_runs = sorted({(row["r"], row["d_model"], row["flops_budget"]) for row in seed_rows})
     categories = read_categories(CATEGORIES_CPU)
     losses = category_losses(load(EVAL / "eval.jsonl"), categories)
     header = "| r | d | seeds | val loss | " + " | ".join(categories) + " |"
     lines = [header, "|---|---|---|---|" + "---|" * len(categories)]
-    for r, d in seed_runs:
-        runs = [row for row in rows if (row["r"], row["d_model"]) == (r, d) and row["flops_budget"] == 5e12]
+    for r, d, budget in seed_runs:
+        runs = [row for row in rows if (row["r"], row["d_model"], row["flops_budget"]) == (r, d, budget)]
         cells = [spread([row["val_loss"] for row in runs])]
         for category in categories:
             values = [losses[row["run_id"], r][category] for row in runs if (row["run_id"], r) in losses]
