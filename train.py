@@ -191,6 +191,8 @@ def train(run):
 def setup(run):
     args, cfg = run.args, run.cfg
     run.device = torch.device("cpu")
+    if args.device == "cpu":
+        common.keep_freed_memory()  # a CPU step frees and reallocates its activations every step
     if args.device == "cuda":
         run.device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
         torch.cuda.set_device(run.device)

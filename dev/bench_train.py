@@ -1,127 +1,135 @@
 """
-train.py on CPU, end to end: eager against --compile (torch.compile/inductor) on the cpu-micro shapes,
-and train.py's framework overhead against a bare training loop.
+The CPU training step, before and after the speed-up, at the shapes the CPU grids train: one step of
+train.py's loop (forward, backward, MuonH + AdamW, zero_grad) on 2,048 tokens (16 rows of 128, vocab
+2,048, head dim 8, fp32, one thread, as `sweep.sh --grid cpu-micro` runs it), for every width d and loop
+count r asked for.
 
-    python dev/bench_train.py [--data data/micro-2k --steps 300]          # eager vs --compile
-    python dev/bench_train.py --overhead [--scale 0.5 --r 4 --steps 150]  # train.py vs a bare loop
+"old" is model.py as it was at --old-rev (read from git) under glibc's default allocator; "new" is this
+checkout's model.py with common.keep_freed_memory(), what train.py does on CPU. The allocator is a
+process-wide setting, so each arm runs in worker processes of its own; the two alternate per shape and
+round (old, new, new, old, ...), so that drift on a shared machine hits both alike. Each worker times
+--steps steps after one warm-up step; a shape's time is the median over all its workers' steps. Both arms
+start from the same weights and batch, so their first losses must agree to fp32 rounding.
 
-Eager vs compiled: every shape runs `python train.py` three times, one thread each: eager, compiled with
-a cold inductor cache, compiled again with the cache warm (as every later sweep run of that shape is).
-Each reports the whole process (Python start, data check, compilation, every step with its optimiser
-step, final evaluation) in CPU seconds, which load from other jobs on a shared machine barely moves, and
-in wall seconds; plus the compile seconds and the ratio of train.py's timed tokens/s (steps only).
-Needs a dataset from prepare_data.py (see README).
+    python dev/bench_train.py                                   # d = 8, 16, 24, 32, 48 x r = 1, 2, 4, 8
+    python dev/bench_train.py --widths 8 24 --r 4 --rounds 2    # a few shapes
+    python dev/bench_train.py --tiny                            # one small shape, one round (a smoke test)
 """
 import argparse
 import json
-import os
-import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-import torch
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-import flops  # noqa: E402
-import train  # noqa: E402
-from model import GPT  # noqa: E402
-from muonh import build_optimizers, learning_rates  # noqa: E402
-from prepare_data import RowLoader, read_meta  # noqa: E402
-
-# The cpu-micro grid's flags (sweep.sh), without the horizon.
-MICRO = ["--head-dim", "8", "--batch-tokens", "2048", "--ref-width", "32", "--ref-batch", "2048",
-         "--ref-tokens", "5e5", "--eval-rows", "64", "--log-every", "1000"]
+REPO = Path(__file__).resolve().parents[1]
+OLD_REV = "5aed072"  # the last commit before the CPU step was sped up
 
 
-def run_train(data, scale, r, steps, compile_, tmp, cache=None):
-    """One train.py process; returns (wall s, CPU s of the whole process and its children, final row).
-    cache: inductor's cache folder (a fresh one compiles cold; a used one is what later sweep runs see)."""
-    out = tempfile.mkdtemp(dir=tmp)
-    cmd = [sys.executable, "train.py", "--data", data, "--out", out, "--scale", str(scale), "--r", str(r),
-           "--tokens", str(steps * 2048), *MICRO] + (["--compile"] if compile_ else [])
-    # One compile thread: inductor's worker pool would otherwise borrow the cores other runs use.
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
-    if cache:
-        env["TORCHINDUCTOR_CACHE_DIR"] = cache
-    t0, cpu0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
-    wall, cpu1 = time.time() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0 or "torch.compile failed" in proc.stderr:
-        sys.exit(f"train.py failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return wall, cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, json.load(open(f"{out}/final.json"))
+def worker(args):
+    """Time args.steps training steps of one arm at one shape in this process; print them as JSON."""
+    sys.path.insert(0, str(REPO))
+    if args.worker == "new":
+        import common
+        common.keep_freed_memory()
+    import importlib.util
 
+    import torch
 
-def compile_grid(args):
-    """Per shape: eager, compiled with a cold inductor cache, compiled again with that cache warm."""
-    shapes = [(scale, r) for scale in (0.25, 0.5) for r in (1, 4)]
-    print(f"{args.steps} steps x 2048 tokens, 1 thread. cpu s = CPU seconds of the whole process and its children "
-          f"(robust to load from other jobs); wall s is the same span on the clock (sensitive to load)")
-    print(f"{'shape':<16}{'eager cpu s':>12}{'cold cpu s':>11}{'warm cpu s':>11}{'compile s cold/warm':>20}"
-          f"{'cpu ratio cold/warm':>20}{'wall eager/cold/warm':>22}{'step ratio':>11}")
-    with tempfile.TemporaryDirectory() as tmp:
-        for scale, r in shapes:
-            cache = tempfile.mkdtemp(dir=tmp)
-            eager, cold, warm = (run_train(args.data, scale, r, args.steps, c, tmp, cache)
-                                 for c in (False, True, True))
-            label = f"s={scale:g} d={eager[2]['d_model']} r={r}"
-            print(f"{label:<16}{eager[1]:>11.1f}s{cold[1]:>10.1f}s{warm[1]:>10.1f}s"
-                  f"{cold[2]['compile_s']:>13.1f}/{warm[2]['compile_s']:.1f}s"
-                  f"{eager[1] / cold[1]:>14.2f}x/{eager[1] / warm[1]:.2f}x"
-                  f"{eager[0]:>11.0f}/{cold[0]:.0f}/{warm[0]:.0f}s"
-                  f"{warm[2]['tokens_per_s'] / eager[2]['tokens_per_s']:>10.2f}x", flush=True)
-
-
-def bare_loop(args, meta, steps):
-    """tokens/s of the essential work only, timed like train.py (first step excluded)."""
-    torch.manual_seed(0)
-    cfg = flops.ModelConfig(r=args.r, scale=args.scale, head_dim=8, vocab_size=meta["vocab_size"],
-                            seq_len=meta["seq_len"])
-    model = GPT(cfg)
-    lrs = learning_rates(cfg.d_model, 2048, steps * 2048, 5e5, ref_width=32, ref_batch=2048)
-    opts = [o for o in build_optimizers(model.param_groups(), lrs, compute_dtype=torch.float32) if o]
-    loader = RowLoader(args.data, "train", 2048 // meta["seq_len"])
-    elapsed = 0.0
-    for step in range(steps + 1):
-        t0 = time.time()
-        x, y = loader.next_batch()
-        model(x, y).backward()
-        for o in opts:
-            o.step()
-        model.zero_grad(set_to_none=True)
-        if step:
-            elapsed += time.time() - t0
-    return steps * 2048 / elapsed
-
-
-def overhead(args):
+    import flops
+    from muonh import build_optimizers, learning_rates
+    spec = importlib.util.spec_from_file_location(f"model_{args.worker}", args.model_file)
+    model_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model_module)
     torch.set_num_threads(1)
-    meta = read_meta(args.data)
-    before = bare_loop(args, meta, args.steps)
+    cfg = flops.ModelConfig(r=args.r, scale=args.width / 64, head_dim=8, vocab_size=2048, seq_len=128)
+    torch.manual_seed(0)
+    model = model_module.GPT(cfg)
+    lrs = learning_rates(cfg.d_model, 2048, 500 * 2048, 5e5, ref_width=32, ref_batch=2048)
+    optimizers = [opt for opt in build_optimizers(model.param_groups(), lrs, compute_dtype=torch.float32) if opt]
+    batch = torch.randint(0, 2048, (2, 16, 128), generator=torch.Generator().manual_seed(1))
+    step_seconds, losses = [], []
+    for step in range(args.steps + 1):
+        t0 = time.perf_counter()
+        loss = model(batch[0], batch[1])
+        loss.backward()
+        for opt in optimizers:
+            opt.step()
+        model.zero_grad(set_to_none=True)
+        if step > 0:  # the first step pays for allocation and lazy initialisation
+            step_seconds.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+    print(json.dumps({"step_s": step_seconds, "losses": losses}))
+
+
+def run_worker(arm, width, r, steps, model_file):
+    cmd = [sys.executable, __file__, "--worker", arm, "--width", str(width), "--r", str(r), "--steps", str(steps),
+           "--model-file", str(model_file)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    if proc.returncode != 0:
+        sys.exit(f"bench_train.py: the {arm} worker failed at d={width}, r={r}: {proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def old_model_file(rev, folder):
+    """model.py as it was at rev, written into folder (it imports flops.ModelConfig, which this checkout has)."""
+    proc = subprocess.run(["git", "show", f"{rev}:model.py"], capture_output=True, text=True, cwd=REPO)
+    if proc.returncode != 0:
+        sys.exit(f"bench_train.py: cannot read model.py at {rev} (a git checkout with that commit is needed): "
+                 f"{proc.stderr.strip()}")
+    path = Path(folder) / "model_old.py"
+    path.write_text(proc.stdout)
+    return path
+
+
+def compare(args):
+    print(f"one training step of 2,048 tokens, fp32, 1 thread; median of {args.rounds} x {args.steps} steps per arm; "
+          f"old = model.py at {args.old_rev} + glibc's default malloc, new = this checkout (train.py on CPU)")
+    print(f"{'d':>4}{'r':>3}{'old ms':>9}{'new ms':>9}{'new/old speed':>15}{'|loss old - new|':>18}")
+    ratios = []
     with tempfile.TemporaryDirectory() as tmp:
-        assert train.main(["--data", args.data, "--out", f"{tmp}/run", "--r", str(args.r), "--scale", str(args.scale),
-                           "--tokens", str((args.steps + 1) * 2048), *MICRO]) == 0
-        row = json.load(open(f"{tmp}/run/final.json"))
-    after = bare_loop(args, meta, args.steps)
-    bare = (before + after) / 2
-    print(f"\nr={args.r}, d={row['d_model']}, batch 2048 tokens, {args.steps} timed steps, 1 thread")
-    print(f"bare loop (before)  {before:>10,.0f} tokens/s")
-    print(f"train.py            {row['tokens_per_s']:>10,.0f} tokens/s  (logging, NaN check, stop-flag check, LR schedule)")
-    print(f"bare loop (after)   {after:>10,.0f} tokens/s")
-    print(f"train.py / bare = {row['tokens_per_s'] / bare:.3f}  -> framework overhead {100 * (1 - row['tokens_per_s'] / bare):.1f}%")
+        files = {"old": old_model_file(args.old_rev, tmp), "new": REPO / "model.py"}
+        for width in args.widths:
+            for r in args.r:
+                times = {"old": [], "new": []}
+                first_loss = {}
+                for round_index in range(args.rounds):
+                    order = ("old", "new") if round_index % 2 == 0 else ("new", "old")
+                    for arm in order:
+                        result = run_worker(arm, width, r, args.steps, files[arm])
+                        times[arm] += result["step_s"]
+                        first_loss[arm] = result["losses"][0]
+                old_ms = 1000 * statistics.median(times["old"])
+                new_ms = 1000 * statistics.median(times["new"])
+                ratios.append(old_ms / new_ms)
+                loss_gap = abs(first_loss["old"] - first_loss["new"])
+                print(f"{width:>4}{r:>3}{old_ms:>9.0f}{new_ms:>9.0f}{old_ms / new_ms:>14.2f}x{loss_gap:>18.1e}",
+                      flush=True)
+    print(f"speed-up over {len(ratios)} shapes: min {min(ratios):.2f}x, median {statistics.median(ratios):.2f}x, "
+          f"max {max(ratios):.2f}x")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="data/micro-2k")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--overhead", action="store_true", help="train.py against a bare loop instead")
-    p.add_argument("--r", type=int, default=4, help="--overhead only")
-    p.add_argument("--scale", type=float, default=0.5, help="--overhead only")
+    p.add_argument("--widths", type=int, nargs="+", default=[8, 16, 24, 32, 48], help="model widths d (head dim 8)")
+    p.add_argument("--r", type=int, nargs="+", default=[1, 2, 4, 8], help="loop counts")
+    p.add_argument("--steps", type=int, default=6, help="timed steps per worker (after one warm-up step)")
+    p.add_argument("--rounds", type=int, default=2, help="workers per arm and shape, alternating old/new")
+    p.add_argument("--old-rev", default=OLD_REV, help="the git revision whose model.py is 'old'")
+    p.add_argument("--tiny", action="store_true", help="d = 8, r = 2, 2 steps, 1 round: checks that it runs")
+    p.add_argument("--worker", choices=["old", "new"], help=argparse.SUPPRESS)
+    p.add_argument("--width", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--model-file", help=argparse.SUPPRESS)
     args = p.parse_args()
-    overhead(args) if args.overhead else compile_grid(args)
+    if args.worker:
+        args.r = args.r[0]
+        worker(args)
+        return
+    if args.tiny:
+        args.widths, args.r, args.steps, args.rounds = [8], [2], 2, 1
+    compare(args)
 
 
 if __name__ == "__main__":

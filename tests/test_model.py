@@ -295,6 +295,27 @@ def test_logits_softcapped():
     assert logits.abs().max() <= 15.0 and logits.abs().max() > 14.0
 
 
+def test_training_loss_is_the_cross_entropy_of_the_softcapped_logits():
+    """The CPU training path (SoftcapCrossEntropy: the sigmoid form of the cap, no max-shift, in-place
+    backward) is the loss of the logits a reader sees, F.cross_entropy(15 tanh(z / 15)), in value and in
+    every gradient, with the vocabulary padded (300 -> 320 columns) and with logits large enough to sit
+    on the cap."""
+    model = off_init(make())
+    with torch.no_grad():
+        model.lm_head.weight.mul_(300.0)  # logits of several hundred: most of them capped near +-15
+    idx, targets = tokens(), tokens(seed=2)
+    loss = model(idx, targets)
+    loss.backward()
+    fused = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    reference = F.cross_entropy(model(idx).flatten(0, 1), targets.flatten())
+    reference.backward()
+    assert abs(loss.item() - reference.item()) < 1e-5 and reference.item() > 1.0
+    for got, p in zip(fused, model.parameters()):  # fp32 rounding apart (2e-6 of the largest entry here)
+        assert (got - p.grad).abs().max() <= 1e-5 * p.grad.abs().max()
+    assert model.lm_head.weight.grad[model.cfg.vocab_size:].abs().max() == 0  # padding columns learn nothing
+
+
 @pytest.mark.parametrize("injection", ["linear", "additive", "passthrough", "hyper"])
 def test_param_groups_cover_everything_once(injection):
     model = make(injection=injection)
