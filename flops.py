@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 
 from common import count, fail, finite_float, one_line_errors, positive_float, positive_int, read_rows
 
+# The injection modes (paper §3.1, §5.2): what model.py builds, what flops.py counts, what the tests cover.
 INJECTIONS = ("linear", "additive", "passthrough", "hyper")
 
 # Dense bf16 tensor-core peak FLOP/s per GPU (datasheet numbers, no sparsity), for MFU.
@@ -43,7 +44,7 @@ class ModelConfig:
     r: int = 4                      # recurrences of the shared block (train time)
     scale: float = 10               # width d = 64 * scale (fractions such as 0.5 for CPU-scale grids)
     r_bwd: int = 0                  # loops that get gradient (truncated BPTT); 0 means r
-    injection: str = "linear"       # linear | additive | passthrough | hyper ("none" for a plain stack)
+    injection: str = "linear"       # one of INJECTIONS (model.py's GPT.inject); "none" for the plain r = 1 stack
     hc_lanes: int = 2               # K, hyperconnection lanes
     depth: int = 20                 # effective depth l_p + r * l_recur + l_c
     prelude: int = 2
@@ -121,14 +122,30 @@ def block_params(d):
     return 12 * d * d + 2 * d
 
 
-def injection_params(cfg):
-    """Parameters of the input injection, per model (linear) or summed over all loop steps (hyper)."""
+# Accounting an injection mode (model.py's GPT.inject), the rule for adding one. Its parameters enter N_rec;
+# its FLOPs follow the 6N convention of §3.1: 6 FLOPs per parameter per token trained (2 forward, 4 backward),
+# 2 in a forward-only loop, charged per loop. A parameter that multiplies in a matrix product belongs to
+# `matmul`, which FlopCounterMode measures and tests compare exactly; one applied elementwise (a scale, a
+# gate) belongs to `elementwise` with the norm scales, a convention with no matmul to measure.
+
+def injection_accounting(cfg):
+    """(parameters in N_rec, matmul parameters one loop applies, elementwise parameters one loop applies)
+    of cfg's injection mode, per token."""
     d, K = cfg.d_model, cfg.hc_lanes
     if cfg.injection == "linear":
-        return 2 * d * d  # W_inj in R^{d x 2d}
+        return 2 * d * d, 2 * d * d, 0  # W_inj in R^{d x 2d}
     if cfg.injection == "hyper":
-        return cfg.r * (K * K + 2 * K)  # per step: alpha_t (K), M_t (K x K), beta_t (K)
-    return 0
+        # Per step alpha_t (K), M_t (K x K), beta_t (K), r steps; each acts on K lanes of width d, so one
+        # loop's lane matmuls cost as much as (K^2 + 2K) d matmul parameters.
+        return cfg.r * (K * K + 2 * K), (K * K + 2 * K) * d, 0
+    if cfg.injection in ("additive", "passthrough", "none"):
+        return 0, 0, 0
+    raise ValueError(f"flops.py has no accounting for injection {cfg.injection!r}: add it to injection_accounting")
+
+
+def injection_params(cfg):
+    """Parameters of the input injection, per model (linear) or summed over all loop steps (hyper)."""
+    return injection_accounting(cfg)[0]
 
 
 def param_counts(cfg):
@@ -145,25 +162,23 @@ def param_counts(cfg):
 
 
 def flops_breakdown(cfg):
-    """Training FLOPs per token split into the terms of F below. `matmul` (weight matrices, lm_head,
-    injection) and `attention` (QK^T and AV) are real matmuls: together they equal what
-    torch.utils.flop_counter measures on a forward+backward. `norm_scales` is the 6 FLOPs/param
-    convention applied to the block norms' 2d parameters, which the paper's P_* include."""
+    """Training FLOPs per token split into the terms of F below. `matmul` (weight matrices, lm_head, the
+    injection's matmul parameters) and `attention` (QK^T and AV) are real matmuls: together they equal what
+    torch.utils.flop_counter measures on a forward+backward. `elementwise` is the 6 FLOPs/param convention
+    applied to the block norms' 2d scales, which the paper's P_* include, and to an injection's
+    elementwise parameters (injection_accounting)."""
     d, T = cfg.d_model, cfg.seq_len
     k = cfg.r_bwd
     f = cfg.r - k  # forward-only loops run under no_grad: 2 FLOPs/param, no backward
     n_once_layers = cfg.prelude + cfg.coda
-    if cfg.injection == "hyper":
-        p_inj = (cfg.hc_lanes ** 2 + 2 * cfg.hc_lanes) * d  # per loop: read K lanes, K x K mix, write K
-    else:
-        p_inj = injection_params(cfg)
+    _, inj_matmul, inj_elementwise = injection_accounting(cfg)
     matmul = (6 * (n_once_layers * 12 * d * d + cfg.padded_vocab * d)
-              + (2 * f + 6 * k) * (cfg.recur * 12 * d * d + p_inj))
-    norm_scales = 6 * n_once_layers * 2 * d + (2 * f + 6 * k) * cfg.recur * 2 * d
+              + (2 * f + 6 * k) * (cfg.recur * 12 * d * d + inj_matmul))
+    elementwise = 6 * n_once_layers * 2 * d + (2 * f + 6 * k) * (cfg.recur * 2 * d + inj_elementwise)
     # Attention scores and values: 4 d T per layer forward (QK^T and AV, not halved for causality),
     # so 12 d T with backward.
     attention = 12 * n_once_layers * d * T + (4 * f + 12 * k) * cfg.recur * d * T
-    return {"matmul": matmul, "norm_scales": norm_scales, "attention": attention}
+    return {"matmul": matmul, "elementwise": elementwise, "attention": attention}
 
 
 def flops_per_token(cfg):

@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from flops import ModelConfig
+from muonh import GROUP_NAMES
 
 LOGIT_SOFTCAP = 15.0
 NORM_EPS = 1e-6
@@ -235,35 +236,49 @@ def sample_next(logits, temperature, top_k, generator):
 # ----------------------------------------------------------------------------------------------
 # The looped model
 
-class SoftcapCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of the soft-capped logits 15 tanh(z / 15) against the targets: the loss of
-    softcapped_logits + F.cross_entropy, forward and backward in a few in-place passes over the
-    (tokens x vocab) logits, which at small widths dominate a CPU step (dev/bench_train.py). Two
-    identities carry it: 15 tanh(z / 15) = 30 sigmoid(2z / 15) - 15 (CPU's sigmoid is ~6x its tanh), and
-    the cap bounds every logit by 15, so the softmax needs no max-shift (V e^15 is far from overflow)."""
+class LinearSoftcapCrossEntropy(torch.autograd.Function):
+    """The training loss on CPU: mean cross-entropy of the soft-capped logits 15 tanh(h W^T / 15) against the
+    targets, what lm_head + softcapped_logits + F.cross_entropy compute, in blocks of rows whose logits fit
+    in a core's cache, with the gradients of h and W computed in the same pass: no (tokens x vocab) tensor
+    is ever stored, and the logits' elementwise passes, which dominate a CPU step at small widths, run from
+    cache (dev/bench_train.py). The same matmuls as lm_head's forward and backward (flops.py's count).
+    Two identities carry the arithmetic: 15 tanh(z / 15) = 30 sigmoid(2z / 15) - 15 (CPU's sigmoid is ~6x
+    its tanh), and the cap bounds every logit by 15, so the softmax needs no max-shift."""
 
     @staticmethod
-    def forward(ctx, z, targets, vocab_size):
-        gate = z[:, :vocab_size].float().mul(2 / LOGIT_SOFTCAP).sigmoid_()  # sigmoid(2z / 15)
-        exp_logits = gate.mul(2 * LOGIT_SOFTCAP).sub_(LOGIT_SOFTCAP).exp_()  # exp of the capped logits
-        sum_exp = exp_logits.sum(-1, keepdim=True)
-        gold = gate.gather(1, targets[:, None]).mul_(2 * LOGIT_SOFTCAP).sub_(LOGIT_SOFTCAP)
-        loss = (sum_exp.log() - gold).mean()
-        ctx.save_for_backward(gate, exp_logits, sum_exp, targets)
-        ctx.z_shape, ctx.z_dtype = z.shape, z.dtype
-        return loss
+    def forward(ctx, h, weight, targets, vocab_size):
+        n, padded = h.size(0), weight.size(0)
+        grad_h, grad_weight = None, None
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            grad_h = torch.empty_like(h)
+            grad_weight = torch.zeros_like(weight)
+        rows = max(64, 2 ** 18 // padded)  # 2^18 fp32 logits: 1 MiB, one core's L2
+        total = h.new_zeros(())
+        for first in range(0, n, rows):
+            h_block, gold_ids = h[first:first + rows], targets[first:first + rows]
+            z = torch.mm(h_block, weight.t())  # (rows, padded vocab), as lm_head
+            gate = z[:, :vocab_size].mul_(2 / LOGIT_SOFTCAP).sigmoid_()  # sigmoid(2z / 15), in place
+            probs = gate.mul(2 * LOGIT_SOFTCAP).sub_(LOGIT_SOFTCAP).exp_()  # exp of the capped logits
+            sum_exp = probs.sum(-1, keepdim=True)
+            gold = gate.gather(1, gold_ids[:, None]).mul_(2 * LOGIT_SOFTCAP).sub_(LOGIT_SOFTCAP)
+            total += (sum_exp.log() - gold).sum()
+            if grad_h is None:
+                continue
+            probs.div_(sum_exp)  # the softmax
+            probs[torch.arange(h_block.size(0)), gold_ids] -= 1.0  # d loss / d capped logit = softmax - one-hot
+            slope = gate.sub_(gate.square())  # d capped / dz = 1 - tanh^2 = 4 sigmoid (1 - sigmoid)
+            grad_z = probs.mul_(slope).mul_(4 / n)
+            if padded > vocab_size:  # the vocabulary's padding columns get no gradient
+                grad_z = F.pad(grad_z, (0, padded - vocab_size))
+            torch.mm(grad_z, weight, out=grad_h[first:first + rows])
+            grad_weight += torch.mm(grad_z.t(), h_block)
+        ctx.save_for_backward(grad_h, grad_weight)
+        return total / n
 
     @staticmethod
     def backward(ctx, grad_loss):
-        gate, probs, sum_exp, targets = ctx.saved_tensors
-        n = targets.size(0)
-        probs.div_(sum_exp)  # the softmax, in the saved exponentials' memory
-        probs[torch.arange(n), targets] -= 1.0  # d loss / d capped logit = softmax - one-hot
-        slope = gate.sub_(gate.square())  # d capped / dz = 1 - tanh^2 = 4 sigmoid (1 - sigmoid)
-        grad = probs.mul_(slope).mul_(4 * grad_loss / n)
-        if grad.size(1) < ctx.z_shape[1]:  # the vocabulary's padding columns get no gradient
-            grad = F.pad(grad, (0, ctx.z_shape[1] - grad.size(1)))
-        return grad.to(ctx.z_dtype), None, None
+        grad_h, grad_weight = ctx.saved_tensors
+        return grad_h * grad_loss, grad_weight * grad_loss, None, None
 
 
 class GPT(nn.Module):
@@ -326,20 +341,29 @@ class GPT(nn.Module):
         return self.backend[0]
 
     def param_groups(self):
-        """Which tensors MuonH trains ('matrix': every 2-D block matrix and W_inj) and which AdamW
-        trains ('embedding', 'unembedding', 'norm', 'hyper'), §4.1 / App. E. Covers every parameter."""
-        groups = {"matrix": [], "embedding": [self.wte.weight], "unembedding": [self.lm_head.weight],
-                  "norm": [], "hyper": []}
+        """{group: [parameters]} for the optimisers (§4.1, App. E): MuonH trains 'matrix', AdamW the rest.
+        Every parameter is claimed by name in optimizer_group; one that no rule claims is an error."""
+        groups = {name: [] for name in GROUP_NAMES}
+        modules = dict(self.named_modules())
         for name, p in self.named_parameters():
-            if name in ("wte.weight", "lm_head.weight"):
-                continue
-            if name.startswith("hc_"):
-                groups["hyper"].append(p)
-            elif p.ndim == 2:
-                groups["matrix"].append(p)
-            else:
-                groups["norm"].append(p)
+            owner = modules[name.rpartition(".")[0]]
+            groups[self.optimizer_group(name, owner)].append(p)
         return groups
+
+    def optimizer_group(self, name, owner):
+        """The group of parameter `name` (its module `owner`). A new parameter needs its line here."""
+        if name == "wte.weight":
+            return "embedding"
+        if name == "lm_head.weight":
+            return "unembedding"
+        if isinstance(owner, nn.Linear):
+            return "matrix"  # MuonH: the blocks' matrices and W_inj
+        if isinstance(owner, RMSNorm):
+            return "norm"
+        if name in ("hc_alpha", "hc_mix", "hc_beta"):
+            return "hyper"  # the loop-level mixing weights, tiny: AdamW (§5.2)
+        raise ValueError(f"parameter {name} belongs to no optimiser group: name its group in "
+                         f"GPT.optimizer_group (model.py)")
 
     # -- the recurrence ------------------------------------------------------------------------
 
@@ -405,11 +429,10 @@ class GPT(nn.Module):
         if T > self.rope_cos.size(0):
             raise ValueError(f"sequence of {T} tokens is longer than seq_len={self.rope_cos.size(0)}")
         h = self.final_hidden(idx, r, r_bwd, (self.rope_cos, self.rope_sin))
-        if targets is not None and idx.device.type == "cpu":
-            # On CPU, eager: the soft-cap and the loss in a few in-place passes over the logits
-            # (on GPU, torch.compile fuses the same formula below).
-            z = self.lm_head(h).flatten(0, 1)
-            return SoftcapCrossEntropy.apply(z, targets.flatten(), cfg.vocab_size)
+        if targets is not None and h.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
+            # fp32 on CPU (the CPU grids): the fused loss. On GPU torch.compile fuses the formula below.
+            return LinearSoftcapCrossEntropy.apply(h.flatten(0, 1), self.lm_head.weight, targets.flatten(),
+                                                   cfg.vocab_size)
         logits = self.softcapped_logits(h)
         if targets is None:
             return logits

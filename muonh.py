@@ -32,6 +32,10 @@ REF_WIDTH = 640              # d_0: width of the s = 10 reference model
 REF_BATCH_TOKENS = 2 ** 18   # B_0: reference batch in tokens
 BASE_LRS = {"matrix": 0.014, "embedding": 0.3, "unembedding": 0.004, "norm": 0.005, "hyper": 0.01}
 GROUP_NAMES = tuple(BASE_LRS)  # the parameter-group names model.param_groups() returns
+# App. E's five groups. Every run's identity records their LRs (every committed run_id holds them); a
+# group added to BASE_LRS beyond them is recorded only by runs whose model has parameters in it
+# (runs.run_identity), so that adding one leaves every existing run_id as it was.
+RECIPE_GROUPS = ("matrix", "embedding", "unembedding", "norm", "hyper")
 ADAMW_BETAS = (0.8, 0.95)
 ADAMW_EPS = 1e-10
 # The transfer rule's exponents (App. E; truncate-or-not re-estimated the data exponent at 0.40) and the

@@ -19,7 +19,7 @@ import flops
 from common import DataError, append_row, atomic_write, load_json
 from dataloader import data_identity, read_meta
 from model import GPT
-from muonh import learning_rates, lr_settings
+from muonh import GROUP_NAMES, RECIPE_GROUPS, learning_rates, lr_settings
 
 # A horizon the batch cannot honour: fewer steps than this, or FLOPs (tokens) spent more than this far
 # from the budget asked for, would give a row whose flops_budget is not what the run spent.
@@ -82,6 +82,9 @@ def run_identity(args, meta, cfg, steps):
     base_lrs, lr_rule = lr_settings(args)
     tokens_ref = args.ref_tokens or flops.reference_horizon(looped=cfg.r > 1)
     lrs = learning_rates(cfg.d_model, args.batch_tokens, steps * args.batch_tokens, tokens_ref, base_lrs, **lr_rule)
+    recorded = recorded_groups(cfg)
+    base_lrs = {name: lr for name, lr in base_lrs.items() if name in recorded}
+    lrs = {name: lr for name, lr in lrs.items() if name in recorded}
     dtype = args.dtype
     if dtype == "auto":
         dtype = "bfloat16" if args.device == "cuda" else "float32"
@@ -98,6 +101,18 @@ def run_identity(args, meta, cfg, steps):
     }
     identity = json.loads(json.dumps(identity))  # through JSON, so it compares equal to what files hold
     return identity, run_id_of(identity)
+
+
+def recorded_groups(cfg):
+    """The optimiser groups whose LRs cfg's identity records: App. E's five (muonh.RECIPE_GROUPS) and any
+    other group that cfg's model has parameters in, found on a model built on the meta device (shapes, no
+    memory; built only when such groups exist)."""
+    extra = set(GROUP_NAMES) - set(RECIPE_GROUPS)
+    if not extra:
+        return set(RECIPE_GROUPS)
+    with torch.device("meta"):
+        groups = GPT(cfg).param_groups()
+    return set(RECIPE_GROUPS) | {name for name in extra if groups[name]}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -37,6 +37,18 @@ def test_paper_parameter_counts_at_s10(r, millions):
     assert model.wte.weight.numel() + model.lm_head.weight.numel() == counts["n_embedding"]
 
 
+@pytest.mark.parametrize("injection", flops.INJECTIONS)
+def test_every_injection_mode_counts_the_parameters_the_model_has(injection):
+    """N_rec holds the shared block and the injection's own parameters, N_once the rest: the model's
+    parameters outside the shared block and the injection are exactly N_once."""
+    cfg = ModelConfig(r=4, scale=2, head_dim=32, injection=injection)
+    counts = flops.param_counts(cfg)
+    model = GPT(cfg)
+    assert non_embedding_params(model) == counts["n_params"]
+    shared = sum(p.numel() for p in model.recur.parameters())
+    assert counts["n_rec"] == shared + flops.injection_params(cfg)
+
+
 def test_flops_per_token_matches_paper_example():
     cfg = ModelConfig(r=1, scale=10, vocab_size=32064, seq_len=2048)
     assert flops.flops_per_token(cfg) == 1_027_676_160
@@ -54,9 +66,12 @@ def test_reference_horizon_matches_recipe():
     assert flops.reference_horizon(looped=False) == 983_315_200
 
 
-@pytest.mark.parametrize("injection, r, r_bwd", [
-    ("linear", 4, 4), ("linear", 4, 2), ("linear", 8, 3), ("additive", 4, 1), ("additive", 2, 2),
-    ("passthrough", 4, 4), ("hyper", 4, 4), ("hyper", 8, 8), ("linear", 1, 1)])
+# Every injection mode with full BPTT, then truncation, longer loops and the plain stack.
+FLOP_CASES = [(injection, 4, 4) for injection in flops.INJECTIONS] + [
+    ("linear", 4, 2), ("linear", 8, 3), ("additive", 4, 1), ("additive", 2, 2), ("hyper", 8, 8), ("linear", 1, 1)]
+
+
+@pytest.mark.parametrize("injection, r, r_bwd", FLOP_CASES)
 def test_matmul_flops_equal_flop_counter(injection, r, r_bwd):
     """Counted on a real forward+backward. Attention runs through SDPA's math backend so that its
     QK^T and AV are visible as bmm's to FlopCounterMode (the fused CPU kernel is not counted);

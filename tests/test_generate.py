@@ -1,17 +1,17 @@
 """Inference for looped models (paper §2, App. A, App. D): each test is one claim about the KV cache
 and generate(). Tiny fp32 models (d = 16, head dim 8) with every weight moved off its init, so that
 W_inj and the hyperconnection parameters really mix e and the state."""
+import itertools
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from flops import ModelConfig
+from flops import INJECTIONS, ModelConfig
 from model import GPT, KVCache
 
 VOCAB, SEQ_LEN = 64, 32
-INJECTIONS = ["linear", "additive", "passthrough", "hyper"]
 # (injection, trained r, r_eval): r = 1 is the plain 20-layer stack; r = 4 at its own r, at fewer
 # loops and at more (the hyper mode reuses its last step's parameters beyond the trained r).
 EXACT_CASES = [("none", 1, 1)] + [(inj, 4, r_eval) for inj in INJECTIONS for r_eval in (4, 2, 7)]
@@ -71,7 +71,7 @@ def test_cache_holds_one_entry_per_executed_layer_like_the_plain_model():
     assert caches["r_eval 8"].k.size(0) == 36
 
 
-@pytest.mark.parametrize("injection,r_eval", [("linear", 4), ("additive", 6), ("passthrough", 2), ("hyper", 6)])
+@pytest.mark.parametrize("injection,r_eval", zip(INJECTIONS, itertools.cycle([4, 6, 2])))
 def test_greedy_samples_are_the_same_with_and_without_the_cache(injection, r_eval):
     """Greedy decoding through the cache equals rerunning the whole context every token, also past
     the model's seq_len (both extrapolate RoPE, neither crops) and at r_eval != r."""

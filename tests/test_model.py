@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flops import ModelConfig
+from flops import INJECTIONS, ModelConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 from bench_model import activation_bytes  # noqa: E402 (dev/: the memory truncated BPTT saves, as measured there)
@@ -87,8 +87,10 @@ def forward_by_hand(model, idx, r):
             u = torch.cat([e, s], dim=-1) @ model.w_inj.weight.T
         elif cfg.injection == "additive":
             u = s + e
-        else:  # passthrough
+        elif cfg.injection == "passthrough":
             u = s
+        else:
+            raise AssertionError(f"forward_by_hand has no rule for injection {cfg.injection!r}: write its math here")
         s = one_loop(model, u)
     return head(model, s)
 
@@ -217,7 +219,7 @@ def test_hyper_rejects_truncation():
         tiny(injection="hyper", r_bwd=2)
 
 
-@pytest.mark.parametrize("injection", ["linear", "additive", "passthrough", "hyper"])
+@pytest.mark.parametrize("injection", INJECTIONS)
 def test_causal(injection):
     model = make(injection=injection)
     idx = tokens(n=1)
@@ -246,7 +248,7 @@ def test_r1_is_a_plain_gpt():
         assert torch.allclose(model(idx), logits, atol=1e-6)
 
 
-@pytest.mark.parametrize("injection", ["linear", "additive", "passthrough", "hyper"])
+@pytest.mark.parametrize("injection", INJECTIONS)
 @pytest.mark.parametrize("r_eval", [2, 4, 7])
 def test_eval_at_another_loop_count_is_the_recurrence_unrolled_r_eval_times(injection, r_eval):
     """App. A: model(idx, r=R) runs the trained block R times with the same injection, fewer or more loops
@@ -296,27 +298,30 @@ def test_logits_softcapped():
 
 
 def test_training_loss_is_the_cross_entropy_of_the_softcapped_logits():
-    """The CPU training path (SoftcapCrossEntropy: the sigmoid form of the cap, no max-shift, in-place
-    backward) is the loss of the logits a reader sees, F.cross_entropy(15 tanh(z / 15)), in value and in
-    every gradient, with the vocabulary padded (300 -> 320 columns) and with logits large enough to sit
-    on the cap."""
+    """The CPU training path (LinearSoftcapCrossEntropy: lm_head and the loss in blocks of rows, the sigmoid
+    form of the cap, no max-shift, the gradients computed in the forward pass) is the loss of the logits a
+    reader sees, F.cross_entropy(15 tanh(z / 15)): in value (also without gradients, as validation runs it)
+    and in every gradient, scaled by the loss's own gradient (a quarter: gradient accumulation), with the
+    vocabulary padded (300 -> 320 columns) and with logits large enough to sit on the cap."""
     model = off_init(make())
     with torch.no_grad():
         model.lm_head.weight.mul_(300.0)  # logits of several hundred: most of them capped near +-15
     idx, targets = tokens(), tokens(seed=2)
     loss = model(idx, targets)
-    loss.backward()
+    (loss / 4).backward()
     fused = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     reference = F.cross_entropy(model(idx).flatten(0, 1), targets.flatten())
-    reference.backward()
+    (reference / 4).backward()
+    with torch.no_grad():
+        assert abs(model(idx, targets).item() - loss.item()) < 1e-6
     assert abs(loss.item() - reference.item()) < 1e-5 and reference.item() > 1.0
     for got, p in zip(fused, model.parameters()):  # fp32 rounding apart (2e-6 of the largest entry here)
         assert (got - p.grad).abs().max() <= 1e-5 * p.grad.abs().max()
     assert model.lm_head.weight.grad[model.cfg.vocab_size:].abs().max() == 0  # padding columns learn nothing
 
 
-@pytest.mark.parametrize("injection", ["linear", "additive", "passthrough", "hyper"])
+@pytest.mark.parametrize("injection", INJECTIONS)
 def test_param_groups_cover_everything_once(injection):
     model = make(injection=injection)
     groups = model.param_groups()
@@ -327,6 +332,15 @@ def test_param_groups_cover_everything_once(injection):
     if injection == "linear":
         assert any(p is model.w_inj.weight for p in groups["matrix"])
     assert (len(groups["hyper"]) == 3) == (injection == "hyper")
+
+
+def test_a_parameter_no_optimiser_group_claims_is_an_error():
+    """Every parameter is named to its group (nanochat asserts the same): a new one fails loudly instead of
+    landing in some group's learning rate."""
+    model = make()
+    model.new_scale = torch.nn.Parameter(torch.ones(model.cfg.d_model))
+    with pytest.raises(ValueError, match="new_scale belongs to no optimiser group"):
+        model.param_groups()
 
 
 def test_random_state_init_ablation():

@@ -152,3 +152,44 @@ def test_committed_phi_cis_are_95_percent_intervals(path):
         for fraction, beyond in ((boot["frac_phi_le_0"], lo <= 0), (boot["frac_phi_ge_1"], hi >= 1)):
             if abs(fraction - 0.025) > 0.005:
                 assert beyond == (fraction > 0.025), (path, boot["phi_ci"], fraction)
+
+
+def identities_from_sweep_flags(grid):
+    """{run name: (committed row, run_id recomputed from the flags sweep.sh --print gives that run today)}.
+    The data's half of the identity comes from the committed row (its checksums name the in-repo corpus)."""
+    import runs
+    import train
+    rows = {Path(row["out"]).name: row for row in read_jsonl(ROOT / "dev" / "results" / grid / "results.jsonl")}
+    printed = subprocess.run(["bash", str(ROOT / "sweep.sh"), "--grid", grid, "--print"], capture_output=True,
+                             text=True, check=True, timeout=60).stdout.splitlines()
+    recomputed = {}
+    for line in printed:
+        name = line.split("/runs/")[1].split()[0]
+        row = rows[name]
+        data = row["identity"]["data"]
+        meta = {**data, "packing": {"method": data["packing"]}, "val_rows": row["data_meta"]["val_rows"]}
+        args = train.parse_args(line.split("train.py ")[1].split())
+        cfg, steps = runs.plan_run(args, meta, 1)
+        recomputed[name] = (row, runs.run_identity(args, meta, cfg, steps)[1])
+    return recomputed
+
+
+@pytest.mark.parametrize("grid", ["cpu-micro", "cpu-micro-trunc", "cpu-micro-hyper", "cpu-micro-layout"])
+def test_committed_run_ids_follow_from_todays_flags_even_after_adding_an_optimiser_group(grid, monkeypatch):
+    """A run is named by its identity's sha256: every committed run of the CPU grids gets its run_id back from
+    the flags sweep.sh gives it today (so today's sweep reuses it). An optimiser group added to the code
+    (here a made-up 'extra' with its own LR) enters only the identities of models with parameters in it, so
+    adding one changes none of them (nor does adding an injection mode: the ones these runs use are listed)."""
+    for name, (row, run_id) in identities_from_sweep_flags(grid).items():
+        assert run_id == row["run_id"], name
+    import model
+    import muonh
+    import runs
+    learning_rates = runs.learning_rates
+    monkeypatch.setattr(muonh, "GROUP_NAMES", muonh.GROUP_NAMES + ("extra",))
+    monkeypatch.setattr(model, "GROUP_NAMES", muonh.GROUP_NAMES)
+    monkeypatch.setattr(runs, "GROUP_NAMES", muonh.GROUP_NAMES)
+    monkeypatch.setattr(runs, "learning_rates", lambda *a, **k: learning_rates(*a, **k) | {"extra": 0.1})
+    with_extra_group = identities_from_sweep_flags(grid)
+    assert all(run_id == row["run_id"] for row, run_id in with_extra_group.values())
+    assert runs.recorded_groups(flops.ModelConfig(r=4, scale=0.25, head_dim=8)) == set(muonh.RECIPE_GROUPS)

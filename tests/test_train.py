@@ -79,11 +79,9 @@ def test_learns_beyond_unigram_and_writes_a_complete_row(sample_data, tmp_path):
                                                                        "identity": row["identity"]}
 
 
-@pytest.mark.parametrize("extra", [
+@pytest.mark.parametrize("extra", [["--r", "4", "--injection", injection] for injection in flops.INJECTIONS] + [
     ["--r", "4", "--injection", "linear", "--r-bwd", "2"],
     ["--r", "4", "--injection", "additive", "--r-bwd", "1"],
-    ["--r", "2", "--injection", "passthrough"],
-    ["--r", "4", "--injection", "hyper", "--hc-lanes", "2"],
     ["--r", "1"],
 ])
 def test_every_mode_trains(sample_data, tmp_path, extra):
