@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from common import count, fail, finite_float, one_line_errors, positive_float, positive_int, read_rows
 
 # The injection modes (paper §3.1, §5.2): what model.py builds, what flops.py counts, what the tests cover.
-INJECTIONS = ("linear", "additive", "passthrough", "hyper")
+INJECTIONS = ("linear", "additive", "passthrough", "hyper", "gated")
 
 # Dense bf16 tensor-core peak FLOP/s per GPU (datasheet numbers, no sparsity), for MFU.
 PEAK_BF16_FLOPS = {
@@ -138,6 +138,8 @@ def injection_accounting(cfg):
         # Per step alpha_t (K), M_t (K x K), beta_t (K), r steps; each acts on K lanes of width d, so one
         # loop's lane matmuls cost as much as (K^2 + 2K) d matmul parameters.
         return cfg.r * (K * K + 2 * K), (K * K + 2 * K) * d, 0
+    if cfg.injection == "gated":
+        return d, 0, d  # the gate logits w, applied elementwise: u = g e + (1 - g) s
     if cfg.injection in ("additive", "passthrough", "none"):
         return 0, 0, 0
     raise ValueError(f"flops.py has no accounting for injection {cfg.injection!r}: add it to injection_accounting")

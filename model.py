@@ -14,7 +14,8 @@ parameters, the paper's (Table 4, App. C.1: scales initialised to one) has a lea
 
 Options, all fixed by ModelConfig:
   injection  linear (W_inj [e; s], init [I|0]) | additive (s + e) | passthrough (s) |
-             hyper (loop-level hyperconnections with K lanes, §5.2)
+             hyper (loop-level hyperconnections with K lanes, §5.2) |
+             gated (g e + (1 - g) s, g = sigmoid(w) per channel, w = 0 at init: the ablation example)
   r_bwd      truncated BPTT: only the last r_bwd loops carry gradient (§5.1)
   forward(..., r=...) evaluates with a different loop count than trained (App. A).
   generate() samples a ragged batch through a KVCache with one layer per executed layer (§2, App. D).
@@ -296,6 +297,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(d, cfg.padded_vocab, bias=False)
         if cfg.injection == "linear":
             self.w_inj = nn.Linear(2 * d, d, bias=False)  # u = W_inj [e; s]
+        if cfg.injection == "gated":
+            self.inj_gate = nn.Parameter(torch.zeros(d))  # w: the gate g = sigmoid(w), one per channel
         if cfg.injection == "hyper":
             # Per recurrence step t its own (unshared) lane read-out alpha_t, lane mix M_t and
             # write-in beta_t (§5.2). Tiny, so AdamW trains them ('hyper' group).
@@ -327,6 +330,8 @@ class GPT(nn.Module):
             # [I | 0]: at init u = e, so the loop starts as a re-read of the prelude output.
             self.w_inj.weight.zero_()
             self.w_inj.weight[:, :d].copy_(torch.eye(d))
+        if self.cfg.injection == "gated":
+            self.inj_gate.zero_()  # g = 1/2: the loop starts by reading e and the state equally
         if self.cfg.injection == "hyper":
             K = self.cfg.hc_lanes
             steps = torch.arange(self.cfg.r)
@@ -360,8 +365,11 @@ class GPT(nn.Module):
             return "matrix"  # MuonH: the blocks' matrices and W_inj
         if isinstance(owner, RMSNorm):
             return "norm"
-        if name in ("hc_alpha", "hc_mix", "hc_beta"):
-            return "hyper"  # the loop-level mixing weights, tiny: AdamW (§5.2)
+        if name in ("hc_alpha", "hc_mix", "hc_beta", "inj_gate"):
+            # The loop-level mixing weights, tiny: AdamW at the hyperconnections' LR (§5.2). The gate is one:
+            # a per-channel mix of e and the state like their lane read-out; the norms' LR (15x this on the
+            # CPU grids) suits scales sitting at 1, not gate logits that start at 0 and saturate past +-5.
+            return "hyper"
         raise ValueError(f"parameter {name} belongs to no optimiser group: name its group in "
                          f"GPT.optimizer_group (model.py)")
 
@@ -378,6 +386,9 @@ class GPT(nn.Module):
             return self.w_inj(torch.cat([e, s], dim=-1))
         if self.cfg.injection == "additive":
             return s + e
+        if self.cfg.injection == "gated":
+            gate = torch.sigmoid(self.inj_gate)
+            return gate * e + (1 - gate) * s
         return s  # passthrough, and the plain r = 1 stack ("none")
 
     def run_shared(self, u, rope, cache=None):

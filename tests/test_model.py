@@ -89,6 +89,9 @@ def forward_by_hand(model, idx, r):
             u = s + e
         elif cfg.injection == "passthrough":
             u = s
+        elif cfg.injection == "gated":
+            g = 1 / (1 + torch.exp(-model.inj_gate))
+            u = g * e + (1 - g) * s
         else:
             raise AssertionError(f"forward_by_hand has no rule for injection {cfg.injection!r}: write its math here")
         s = one_loop(model, u)
@@ -191,6 +194,27 @@ def test_linear_injection_starts_as_identity_on_e():
     e, s = torch.randn(2, 5, model.cfg.d_model), torch.randn(2, 5, model.cfg.d_model)
     assert torch.allclose(model.inject(e, s), e, atol=1e-6)
     assert model.w_inj.weight.shape == (model.cfg.d_model, 2 * model.cfg.d_model)
+
+
+def test_gated_injection_mixes_e_and_the_state_per_channel_starting_half_and_half():
+    """u = g e + (1 - g) s with g = sigmoid(w), one learnable w per channel, w = 0 at init: g = 1/2, so the
+    first loop reads e (s_0 = e) and every later one the mean of e and its state. Its d parameters are N_rec's,
+    applied elementwise (no matmul), trained by AdamW in the loop-mixing ('hyper') group."""
+    model = make(injection="gated")
+    d = model.cfg.d_model
+    e, s = torch.randn(2, 5, d), torch.randn(2, 5, d)
+    assert torch.equal(model.inj_gate, torch.zeros(d))
+    assert torch.allclose(model.inject(e, s), (e + s) / 2, atol=1e-6)
+    assert torch.allclose(model.inject(e, model.initial_state(e)), e, atol=1e-6)
+    with torch.no_grad():
+        model.inj_gate.copy_(torch.linspace(-20, 20, d))  # from all-state to all-e across the channels
+    u = model.inject(e, s)
+    assert torch.allclose(u[..., 0], s[..., 0], atol=1e-6) and torch.allclose(u[..., -1], e[..., -1], atol=1e-6)
+    groups = model.param_groups()
+    assert [p is model.inj_gate for p in groups["hyper"]] == [True]
+    loss = model(tokens(), tokens(seed=2))
+    loss.backward()
+    assert model.inj_gate.grad.abs().sum() > 0  # the gate learns
 
 
 def test_hyperconnections_init_semantics():
