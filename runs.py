@@ -174,7 +174,8 @@ def settle(out, run_id, identity, results, reuse_from, resume, rank=0):
       "train"     nothing yet, or a checkpoint that --resume continues;
       "done"      this run, finished (final.json), and results either holds its row or is not asked for;
       "restored"  this run, finished, its row missing from results: appended again from final.json;
-      "reused"    nothing yet, and reuse_from holds this very run finished: its row copied here.
+      "reused"    nothing yet, and a folder of reuse_from (a list, tried in order) holds this very run
+                  finished: its row copied here (the row returned also names the folder, as reused_from).
     DataError: another run's folder, a damaged final.json, a checkpoint without --resume."""
     final_path = Path(out) / "final.json"
     final = read_final(final_path)
@@ -186,14 +187,16 @@ def settle(out, run_id, identity, results, reuse_from, resume, rank=0):
         return "restored", final
     if final:
         return "done", final
-    donor = read_final(Path(reuse_from) / "final.json") if reuse_from else None
-    if donor and donor.get("run_id") == run_id:
+    for folder in reuse_from:
+        donor = read_final(Path(folder) / "final.json")
+        if donor is None or donor.get("run_id") != run_id:
+            continue
         row = donor | {"out": str(out)}
         if rank == 0:
             if results:
                 append_row(results, row)
             atomic_write(final_path, (json.dumps(row, indent=1) + "\n").encode())
-        return "reused", row
+        return "reused", row | {"reused_from": str(folder)}
     if (Path(out) / "ckpt.pt").exists() and not resume:
         raise DataError(f"{Path(out) / 'ckpt.pt'} exists: pass --resume to continue it, or delete the folder to "
                         f"start over")

@@ -6,16 +6,21 @@
 #   ./sweep.sh --grid paper --print > jobs.txt         # one command per line, for a scheduler
 #   ./sweep.sh --grid cpu-micro                        # the CPU-scale study (~1.6 h, 2 cores)
 #   ./sweep.sh --grid smoke -- --eval-rows 32          # anything after -- goes to every train.py
+#   ./sweep.sh --grid cpu-micro --variant gated -- --injection gated   # a named variant: OUT runs/cpu-micro-gated,
+#                                                      # runs it shares with a finished grid are reused, not retrained
+#   ./sweep.sh --grid cpu-micro --budgets "5e11 5e12" --r "1 4"        # a subset of a grid's budgets and loop counts
+#   ./sweep.sh --grids                                 # the grid names
 #
-# Grids: paper (Table 7, 116 runs), trunc and hyper (the case studies, r_bwd = ceil(r/2) and K = 2
-# hyperconnections at the four lowest budgets, reusing paper's r = 1 runs), depth18, depth24 (App. G.4),
-# cpu-micro with cpu-micro-trunc, -hyper (the case studies), -layout (layout-matched r = 1), -lr
-# (each r at its own MuonH LR) and -seeds (seed 1 of each r's best run at the largest budget), smoke.
+# Grids (GRIDS below; plan_lines says what each runs): paper (Table 7, 116 runs), trunc and hyper (the case
+# studies at the four lowest budgets, reusing paper's r = 1 runs), depth18, depth24 (App. G.4), the CPU-scale
+# cpu-micro and its case studies (-trunc, -hyper, -layout, -lr, -seeds), smoke (a chain check: runs of a few
+# steps, whose fit means nothing).
 #
 # train.py is called for every planned run and decides from the results file whether the run is
 # already done (same run identity), restores a finished run's missing row from its final.json,
 # reuses a finished identical run of another grid beside OUT (--reuse-from: the r = 1 baselines that
-# trunc/hyper share with paper), resumes a checkpoint, or trains. A failing run is logged and the others go on; a run locked by another live process is
+# trunc/hyper share with paper; a variant also offers the committed CPU grids in dev/results, whose run
+# folders keep their final.json), resumes a checkpoint, or trains. A failing run is logged and the others go on; a run locked by another live process is
 # counted as busy. Before any run starts, the plan is priced by flops.py and refused when the
 # prepared data holds fewer training tokens than the largest run reads (ALLOW_REPEAT=1 overrides).
 #
@@ -27,7 +32,8 @@ set -uo pipefail
 cd "$(dirname "$0")"
 
 # ---------------------------------------------------------------------------------------------
-# The grids, as data. A cell is "budget:widths". Widths s give d = 64 s.
+# The grids, as data: their names (the one list), then their cells. A cell is "budget:widths"; widths s give d = 64 s.
+GRIDS="paper trunc hyper depth18 depth24 cpu-micro cpu-micro-trunc cpu-micro-hyper cpu-micro-layout cpu-micro-lr cpu-micro-seeds smoke"
 PAPER_CELLS=(            # Table 7: 29 (budget, width) cells, the same widths for every r
   "4.64e17:6 8 10 12"
   "1e18:6 8 10 12 14"
@@ -88,12 +94,19 @@ SMOKE_FLAGS="--head-dim 8 --depth 6 --prelude 1 --coda 1 --batch-tokens 512 --re
 GRID="${GRID:-paper}"
 MODE=run
 EXTRA=()
+VARIANT=""
+BUDGETS=""
+RS=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --grid|--flops-per-s) [ $# -ge 2 ] || { echo "sweep.sh: $1 needs a value" >&2; exit 2; } ;;&
+    --grid|--flops-per-s|--variant|--budgets|--r) [ $# -ge 2 ] || { echo "sweep.sh: $1 needs a value" >&2; exit 2; } ;;&
     --grid) GRID="$2"; shift 2 ;;
     --plan) MODE=plan; shift ;;
     --print) MODE=print; shift ;;
+    --grids) echo "$GRIDS" | tr ' ' '\n'; exit 0 ;;
+    --variant) VARIANT="$2"; shift 2 ;;
+    --budgets) BUDGETS="$2"; shift 2 ;;
+    --r) RS="$2"; shift 2 ;;
     --flops-per-s) FLOPS_PER_S="$2"; shift 2 ;;
     --no-fit) NO_FIT=1; shift ;;
     --) shift; EXTRA=("$@"); break ;;
@@ -101,8 +114,15 @@ while [ $# -gt 0 ]; do
     *) echo "sweep.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+if [[ " $GRIDS " != *" $GRID "* ]]; then
+  echo "sweep.sh: unknown grid '$GRID' (${GRIDS// /|})" >&2; exit 2
+fi
+if [ -n "$VARIANT" ]; then
+  [[ "$VARIANT" =~ ^[A-Za-z0-9._-]+$ ]] || { echo "sweep.sh: --variant '$VARIANT': use letters, digits, . _ -" >&2; exit 2; }
+  [ "${#EXTRA[@]}" -gt 0 ] || { echo "sweep.sh: --variant $VARIANT needs the train.py flags that make it, after --" >&2; exit 2; }
+fi
 PYTHON="${PYTHON:-python3}"
-OUT="${OUT:-runs/$GRID}"
+OUT="${OUT:-runs/$GRID${VARIANT:+-$VARIANT}}"
 RESULTS="$OUT/results.jsonl"
 
 # values_for KEY "K:V"...: the Vs of the entries whose K is KEY (the extra widths of a budget, an r's LR).
@@ -127,12 +147,11 @@ plan_lines() {
     hyper)     cells=("${CASE_STUDY_CELLS[@]}"); extra=("${HYPER_EXTRA_CELLS[@]}"); variant=hyper ;;
     depth18)   cells=("${CASE_STUDY_CELLS[@]}"); flags="--depth 18 --prelude 1 --coda 1 $GPU_FLAGS"; tag=_L18 ;;
     depth24)   cells=("${CASE_STUDY_CELLS[@]}"); flags="--depth 24 --prelude 4 --coda 4 $GPU_FLAGS"; tag=_L24 ;;
-    cpu-micro|cpu-micro-trunc|cpu-micro-hyper|cpu-micro-layout|cpu-micro-lr)
+    cpu-micro*)
                cells=("${CPU_MICRO_CELLS[@]}"); flags="$CPU_MICRO_FLAGS"; tag=_micro; variant="${GRID#cpu-micro}"; variant="${variant#-}"
                if [ "$variant" = trunc ]; then extra=("${CPU_TRUNC_EXTRA_CELLS[@]}"); fi
                if [ "$variant" = hyper ]; then extra=("${CPU_HYPER_EXTRA_CELLS[@]}"); fi ;;
     smoke)     cells=("${SMOKE_CELLS[@]}"); flags="$SMOKE_FLAGS"; rs="1 2 4"; tag=_smoke ;;
-    *) echo "sweep.sh: unknown grid '$GRID' (paper|trunc|hyper|depth18|depth24|cpu-micro|cpu-micro-trunc|cpu-micro-hyper|cpu-micro-layout|cpu-micro-lr|cpu-micro-seeds|smoke)" >&2; return 2 ;;
   esac
   local cell budget s r more arch name lr
   for cell in "${cells[@]}"; do
@@ -159,27 +178,42 @@ plan_lines() {
   done
 }
 
-default_data() {
-  case "$GRID" in
-    cpu-micro*) echo "data/micro-2k" ;;
-    smoke) echo "data/smoke" ;;
-    *) echo "data/fineweb" ;;
-  esac
-}
-DATA="${DATA:-$(default_data)}"
+# Each grid's dataset: its default folder and the prepare_data.py flags that build it. The CPU grids and
+# smoke read sources the repository ships (data/), so a missing $DATA is built before the first run
+# (DATA_IN_REPO=1); the GPU grids download FineWeb-Edu (~2 GB a shard), which the sweep only names.
+case "$GRID" in
+  cpu-micro*) DATA_DEFAULT=data/micro-2k; DATA_IN_REPO=1
+              DATA_FLAGS="--source data/micro-corpus --vocab-size 2048 --seq-len 128 --val-fraction 0.02" ;;
+  smoke)      DATA_DEFAULT=data/smoke; DATA_IN_REPO=1
+              DATA_FLAGS="--source data/fineweb-edu-sample/shard_00000.parquet data/fineweb-edu-sample/shard_00001.parquet --val-shards 1 --vocab-size 512 --seq-len 64" ;;
+  *)          DATA_DEFAULT=data/fineweb; DATA_IN_REPO=""; DATA_FLAGS="--shards 205" ;;
+esac
+DATA="${DATA:-$DATA_DEFAULT}"
+data_command() { echo "prepare_data.py $DATA_FLAGS --out $DATA"; }
 
-# How each grid's data is built (prepare_data.py flags). The CPU grids and smoke read sources the
-# repository ships (data/), so a missing $DATA is built before the first run; the GPU grids download
-# FineWeb-Edu (~2 GB a shard), which the sweep only names.
-data_command() {
-  case "$GRID" in
-    cpu-micro*) echo "prepare_data.py --source data/micro-corpus --vocab-size 2048 --seq-len 128 --val-fraction 0.02 --out $DATA" ;;
-    smoke) echo "prepare_data.py --source data/fineweb-edu-sample/shard_00000.parquet data/fineweb-edu-sample/shard_00001.parquet --val-shards 1 --vocab-size 512 --seq-len 64 --out $DATA" ;;
-    *) echo "prepare_data.py --shards 205 --out $DATA" ;;
-  esac
+# A subset of the plan: the runs whose --flops is one of BUDGETS and whose --r is one of RS (as the grid writes
+# them), or all of them. A value that no planned run has is refused: a typo must not quietly run nothing.
+select_lines() {
+  local line value kept=()
+  for value in $BUDGETS; do planned_value --flops "$value"; done
+  for value in $RS; do planned_value --r "$value"; done
+  for line in "${LINES[@]}"; do
+    if [ -n "$BUDGETS" ] && [[ " $BUDGETS " != *" $(flag_value "$line" --flops) "* ]]; then continue; fi
+    if [ -n "$RS" ] && [[ " $RS " != *" $(flag_value "$line" --r) "* ]]; then continue; fi
+    kept+=("$line")
+  done
+  LINES=("${kept[@]}")
+}
+flag_value() { local rest=" ${1#*|} "; rest="${rest#* $2 }"; echo "${rest%% *}"; }  # LINE FLAG: FLAG's value
+planned_value() {  # FLAG VALUE: exit 2 unless some planned run has FLAG VALUE
+  local line
+  for line in "${LINES[@]}"; do [ "$(flag_value "$line" "$1")" = "$2" ] && return 0; done
+  echo "sweep.sh: grid $GRID has no run with $1 $2" >&2
+  exit 2
 }
 
 mapfile -t LINES < <(plan_lines) || exit 2
+select_lines
 [ "${#LINES[@]}" -gt 0 ] || exit 2
 
 # flops.py prices the plan (the single source of truth for N, D and FLOPs) and checks that the
@@ -215,15 +249,26 @@ else
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / SLOTS > 0 ? $(nproc) / SLOTS : 1 ))}"
 fi
 
+# Finished runs of the same name in other grids: beside OUT (runs/paper for runs/trunc) and, for a variant,
+# the committed grids in dev/results too. train.py reuses the first whose identity is exactly this run's.
+reuse_candidates() {
+  local name="$1" dir sibling
+  local dirs=("$(dirname "$OUT")")
+  if [ -n "$VARIANT" ] && [ "$(realpath -m "$(dirname "$OUT")")" != "$(realpath -m dev/results)" ]; then
+    dirs+=(dev/results)
+  fi
+  for dir in "${dirs[@]}"; do
+    for sibling in "$dir"/*/runs/"$name"; do
+      if [ -f "$sibling/final.json" ] && [ "$(realpath -m "$sibling/../..")" != "$(realpath -m "$OUT")" ]; then
+        echo "$sibling"
+      fi
+    done
+  done
+}
+
 train_command() {  # name, flags, slot
   local name="$1" flags="$2" slot="$3" reuse="" sibling
-  # A finished run of the same name in another grid beside OUT (e.g. runs/paper for runs/trunc):
-  # train.py reuses it only if its identity (config, horizon, LRs, seed, data) is exactly this run's.
-  for sibling in "$(dirname "$OUT")"/*/runs/"$name"; do
-    if [ -f "$sibling/final.json" ] && [ "$(realpath -m "$sibling/../..")" != "$(realpath -m "$OUT")" ]; then
-      reuse="--reuse-from $sibling "; break
-    fi
-  done
+  for sibling in $(reuse_candidates "$name"); do reuse="$reuse--reuse-from $sibling "; done
   local common="train.py --data $DATA --out $OUT/runs/$name --results $RESULTS --resume $reuse$flags${EXTRA[*]:+ ${EXTRA[*]}}"
   if [ "$GPUS" -gt 0 ]; then
     local first=$(( slot * GPUS_PER_RUN )) devices
@@ -240,16 +285,13 @@ if [ "$MODE" = print ]; then
   exit 0
 fi
 
-if [ ! -f "$DATA/meta.json" ]; then
-  case "$GRID" in
-    cpu-micro*|smoke)
-      echo "sweep.sh: $DATA/meta.json not found; building it from the repository's data: $PYTHON $(data_command)"
-      "$PYTHON" $(data_command) || exit 2 ;;
-    *)
-      echo "sweep.sh: $DATA/meta.json not found; build it first: $PYTHON $(data_command)" \
-           "(the paper grid's 205 shards; README 'Reproducing the paper' lists the other grids')" >&2
-      exit 2 ;;
-  esac
+if [ ! -f "$DATA/meta.json" ] && [ -n "$DATA_IN_REPO" ]; then
+  echo "sweep.sh: $DATA/meta.json not found; building it from the repository's data: $PYTHON $(data_command)"
+  "$PYTHON" $(data_command) || exit 2
+elif [ ! -f "$DATA/meta.json" ]; then
+  echo "sweep.sh: $DATA/meta.json not found; build it first: $PYTHON $(data_command)" \
+       "(the paper grid's 205 shards; README 'Reproducing the paper' lists the other grids')" >&2
+  exit 2
 fi
 mkdir -p "$OUT/runs" "$OUT/logs" || exit 2
 # Price the plan and check the data budget before any run starts; the table is kept with the results.

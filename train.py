@@ -78,7 +78,8 @@ def parse_args(argv=None):
     g.add_argument("--out", default="", help="run directory (default runs/<run name>)")
     g.add_argument("--results", default="", help="JSONL file the final row is appended to")
     g.add_argument("--resume", action="store_true", help="continue from --out/ckpt.pt if it exists")
-    g.add_argument("--reuse-from", default="", help="finished run folder to reuse if its identity is this one")
+    g.add_argument("--reuse-from", action="append", default=[],
+                   help="finished run folder to reuse if its identity is this one (repeatable: the first match)")
     g.add_argument("--save-every", type=count, default=500, help="checkpoint every N steps (0: only end/signal)")
     g.add_argument("--log-every", type=positive_int, default=10)
     g.add_argument("--eval-rows", type=positive_int, default=512, help="fixed validation rows (held-out split)")
@@ -163,7 +164,7 @@ def train(run):
     except ValueError as e:
         fail(str(e))
     if outcome == "reused":
-        print(f"reused: {args.reuse_from}")
+        print(f"reused: {row['reused_from']}")
         return 0
     if outcome == "restored":
         print(f"restored: {run.results} had no row for the finished run in {run.out}; appended the row from its "

@@ -193,3 +193,14 @@ def test_committed_run_ids_follow_from_todays_flags_even_after_adding_an_optimis
     with_extra_group = identities_from_sweep_flags(grid)
     assert all(run_id == row["run_id"] for row, run_id in with_extra_group.values())
     assert runs.recorded_groups(flops.ModelConfig(r=4, scale=0.25, head_dim=8)) == set(muonh.RECIPE_GROUPS)
+
+
+@pytest.mark.parametrize("grid", ["cpu-micro", "cpu-micro-layout", "cpu-micro-lr", "cpu-micro-trunc", "cpu-micro-hyper"])
+def test_each_committed_run_keeps_its_final_json_which_is_its_row(grid):
+    """The committed grids keep, of each run folder, final.json alone (what train.py wrote there: the row), so
+    that a variant sweep reuses the committed runs instead of retraining them (tests/test_sweep.py)."""
+    rows = read_jsonl(ROOT / "dev" / "results" / grid / "results.jsonl")
+    finals = sorted((ROOT / "dev" / "results" / grid / "runs").glob("*/final.json"))
+    assert len(finals) == len(rows)
+    for row in rows:
+        assert json.loads((ROOT / row["out"] / "final.json").read_text()) == row

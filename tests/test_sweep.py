@@ -87,10 +87,14 @@ def test_cpu_case_study_grids_are_the_cpu_micro_cells_with_the_variant(grid, fla
     are cpu-micro's, by name, so a case-study sweep beside runs/cpu-micro reuses them."""
     base, _ = plan_rows("cpu-micro")
     rows, _ = plan_rows(grid)
-    # each adds a wider width for its looped runs where its optima were the widest width
-    wider_cells = {"cpu-micro-trunc": [(1.1e12, 0.5), (2.4e12, 0.625)], "cpu-micro-hyper": [(1.1e12, 0.5)]}[grid]
-    wider = {(C, s, r) for C, s in wider_cells for r in (2, 4, 8)}
-    assert sorted((x["C"], x["s"], x["r"]) for x in rows) == sorted({(x["C"], x["s"], x["r"]) for x in base} | wider)
+    # Beyond cpu-micro's runs, a case study may add a wider width for its looped runs where its optima were
+    # the widest width: every extra run is looped, at a budget of the base, wider than its widest width there.
+    planned = {(x["C"], x["s"], x["r"]) for x in base}
+    wider = {(x["C"], x["s"], x["r"]) for x in rows} - planned
+    widest = {C: max(s for c, s, _ in planned if c == C) for C, _, _ in planned}
+    assert all(r > 1 and C in widest and s > widest[C] for C, s, r in wider)
+    assert {(C, s) for C, s, _ in wider} == {(C, s) for C, s, r in wider if r == 2} and len(wider) % 3 == 0
+    assert sorted((x["C"], x["s"], x["r"]) for x in rows) == sorted(planned | wider)
     assert {x["name"] for x in rows if x["r"] == 1} == {x["name"] for x in base if x["r"] == 1}
     assert not {x["name"] for x in rows if x["r"] > 1} & {x["name"] for x in base}
     def flags_by_run(g, drop=""):  # train.py flags after --resume, per (r, s, C), variant flags removed
@@ -194,6 +198,55 @@ def test_cpu_micro_layout_is_cpu_micro_with_a_layout_matched_r1():
     for name, flags in anchors.items():
         plain = base[name.replace("_layout", "")]
         assert flags == plain.replace("--r 1 ", "--r 1 --recur 16 --injection linear ")
+
+
+GRIDS = sweep("--grids").stdout.split()
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+def test_every_grid_plans_priced_runs_with_distinct_names_and_flags_train_py_accepts(grid):
+    """Any grid sweep.sh lists (a new one included, with no edit here): --plan prices one line per run and
+    --print gives each a distinct run folder and flags that train.py's parser takes."""
+    import train
+    rows, out = plan_rows(grid)
+    runs = printed_runs(grid)
+    assert len(rows) == len(runs) > 0 and f"{len(rows)} runs" in out
+    assert sorted(x["name"] for x in rows) == sorted(runs)
+    for flags in runs.values():
+        train.parse_args(flags.split())
+
+
+def test_a_variant_is_its_grid_with_extra_flags_in_its_own_folder_and_a_subset_is_its_lines():
+    """--variant NAME -- FLAGS: the grid's runs under the grid's run names, each with FLAGS, in runs/<grid>-NAME;
+    --budgets / --r keep the runs at those budgets and loop counts; a value the grid has not is refused."""
+    base = printed_runs("cpu-micro")
+    lines = sweep("--grid", "cpu-micro", "--variant", "gated", "--print", "--", "--injection", "gated").stdout
+    variant = {re.search(r"--out runs/cpu-micro-gated/runs/(\S+)", line).group(1):
+               re.sub(r"--reuse-from \S+ ", "", line.split("--resume ")[1]) for line in lines.splitlines()}
+    assert variant == {name: flags + " --injection gated" for name, flags in base.items()}
+    subset = sweep("--grid", "cpu-micro", "--budgets", "5e11 5e12", "--r", "1 4", "--print").stdout.splitlines()
+    assert len(subset) == len([n for n in base if n.split("_")[0] in ("r1", "r4") and ("C5e11" in n or "C5e12" in n)])
+    assert all(re.search(r" --r [14] .*--flops 5e1[12] ", line) for line in subset)
+    for args, reason in [(["--budgets", "6e11"], "has no run with --flops 6e11"), (["--r", "3"], "has no run with --r 3"),
+                         (["--variant", "gated"], "needs the train.py flags"), (["--variant", "a/b", "--", "--seed", "1"],
+                                                                                 "use letters")]:
+        proc = sweep("--grid", "cpu-micro", *args, "--print", check=False)
+        assert proc.returncode == 2 and reason in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def test_a_variant_offers_every_committed_run_of_the_same_name_for_reuse(fake_train, tmp_path):
+    """The committed CPU grids keep each run's final.json (dev/results/<grid>/runs/<name>/), so a variant sweep
+    run anywhere offers train.py every committed run of that name; train.py takes the one whose
+    identity is this run's (test_train: reuse needs the exact identity), so only what differs is trained."""
+    env, calls = fake_train
+    env.update(OUT=str(tmp_path / "runs" / "cpu-micro-gated"))
+    sweep("--grid", "cpu-micro", "--variant", "gated", "--no-fit", "--", "--injection", "gated", env=env)
+    committed = REPO / "dev" / "results"
+    for name, argv in calls_by_name(calls).items():
+        offered = [argv[i + 1] for i, a in enumerate(argv) if a == "--reuse-from"]
+        assert sorted(offered) == sorted(f"dev/results/{p.parent.parent.name}/runs/{name}"
+                                         for p in committed.glob(f"*/runs/{name}")), name
+        assert offered and "dev/results/cpu-micro/runs/" + name in offered
 
 
 @pytest.mark.parametrize("args, reason", [(["--grid", "nope", "--plan"], "unknown grid 'nope'"),
@@ -402,3 +455,14 @@ def test_smoke_sweep_end_to_end_then_idempotent_and_resumable(sample_data, tmp_p
     assert len(new_rows) == n_runs
     (restored,) = [r for r in new_rows if r["out"] == dropped["out"]]
     assert restored == dropped  # the very row, from final.json
+
+    # A variant beside it: the r = 1 runs are the same runs (the injection does not apply to a plain stack), so
+    # train.py reuses them from the sweep above; the looped ones are new.
+    env["OUT"] = str(tmp_path / "smoke-gated")
+    variant = sweep("--grid", "smoke", "--variant", "gated", "--budgets", "3e9", "--r", "1 2", "--no-fit", "--",
+                    "--injection", "gated", env=env)
+    assert "4 configurations: 2 trained now, 0 already done, 2 reused" in variant.stdout
+    variant_rows = [json.loads(line) for line in (tmp_path / "smoke-gated" / "results.jsonl").read_text().splitlines()]
+    by_id = {row["run_id"]: row for row in rows}
+    assert sorted(row["injection"] for row in variant_rows) == ["gated", "gated", "none", "none"]
+    assert all((row["run_id"] in by_id) == (row["r"] == 1) for row in variant_rows)

@@ -426,6 +426,11 @@ def test_reuse_from_needs_the_exact_identity(sample_data, tmp_path, capsys):
     assert "reused" not in capsys.readouterr().out
     rows = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and rows[1]["identity"]["data"]["train_sha256"] != reused["identity"]["data"]["train_sha256"]
+    # Several candidates (a variant sweep offers every sibling grid's run of that name): the first that is
+    # this very run is taken, the others are passed over.
+    assert run_inprocess(sample_data, tmp_path / "third", "--tokens", "2048", "--reuse-from", str(tmp_path / "other_run"),
+                         "--reuse-from", str(base), "--results", str(tmp_path / "c.jsonl")) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"reused: {base}"
 
 
 def test_a_run_that_repeats_data_says_so(sample_data, tmp_path, capsys):
