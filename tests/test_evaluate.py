@@ -51,7 +51,8 @@ def make_run(folder, data_dir, seed=0):
     folder.mkdir(parents=True)
     (folder / "run.json").write_text(json.dumps({"run_id": run_id, "identity": identity}))
     torch.save({"model": model.state_dict(), "run_id": run_id, "step": 1}, folder / "ckpt.pt")
-    (folder / "final.json").write_text(json.dumps({"run_id": run_id, "r": cfg.r, "val_loss": 6.0,
+    (folder / "final.json").write_text(json.dumps({"run_id": run_id, "r": cfg.r, "val_loss": 6.0, "steps": 1,
+                                                   "tokens": 64, "out": str(folder),
                                                    "data_meta": {"dir": str(data_dir)}}))
     return folder
 
