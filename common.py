@@ -126,19 +126,29 @@ def atomic_write(path, data):
     os.close(fd)
 
 
-def append_row(path, row):
+def append_row(path, row, key=()):
     """Append a JSON row by rewriting the file with atomic_write under a lock on its folder: a reader, a crash
-    or a full disk sees the old file or the new one, never half a row; concurrent writers never lose a row."""
+    or a full disk sees the old file or the new one, never half a row; concurrent writers never lose a row.
+    key: field names; if a row with row's values of them is already there (another writer was first), the
+    file is left as it is. Returns whether the row was appended."""
     path = Path(path)
     fd = os.open(path.parent, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        if key and any(row_key(old, key) == row_key(row, key) for old in read_rows(path)[0]):
+            return False
         old = path.read_bytes() if path.exists() else b""
         if old and not old.endswith(b"\n"):
             old += b"\n"  # a torn last line stays a line of its own (read_rows reports it)
         atomic_write(path, old + (json.dumps(row) + "\n").encode())
     finally:
         os.close(fd)
+    return True
+
+
+def row_key(row, key):
+    """The values of the fields `key` in a row, the tuple two rows of one key share."""
+    return tuple(row.get(name) for name in key)
 
 
 def load_json(path, what="file"):

@@ -1,11 +1,13 @@
 """
 A run folder and its record. What makes two runs the same run (the identity and its sha256, the run_id),
 the files a run leaves in its folder (run.json at the start, ckpt.pt, final.json: its results row) and
-reading them back: every damaged or foreign file is one DataError naming it. train.py decides with these
-whether a run is done, reused, restored or resumed; evaluate.py loads finished runs' final weights.
+reading them back: every damaged or foreign file, or one without the structure its reader needs, is one
+DataError naming it. train.py decides with these whether a run is done, reused, restored or resumed;
+evaluate.py finds finished runs and loads their final weights; both sample texts from them.
 
     model = load_run_model("runs/quickstart", "cpu")     # the final weights, checked against final.json
 """
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -333,3 +335,49 @@ def load_run_model(run, device):
     model.to(device)
     model.set_device_backend(device)
     return model.eval()
+
+
+def autocast_for(run, device):
+    """bf16 autocast on GPU for runs trained in it, as train.py evaluates them; fp32 otherwise."""
+    if device.type == "cuda" and run["dtype"] == "bfloat16":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def find_runs(paths, data_dir=""):
+    """(runs, notes): check_run's dict of every run folder given and of every finished run under a sweep OUT's
+    runs/, and a note for each unfinished one skipped. A sweep OUT without a finished run is a DataError: an
+    evaluation that would do nothing is refused, not reported as done."""
+    runs, notes = [], []
+    for path in map(Path, paths):
+        if (path / "runs").is_dir() and not (path / "run.json").exists():
+            subs = sorted(p for p in (path / "runs").iterdir() if p.is_dir())
+            finished = [sub for sub in subs if (sub / "final.json").exists()]
+            if not finished:
+                raise DataError(f"{path}: none of the {len(subs)} run folders in its runs/ is finished (no "
+                                f"final.json): nothing to evaluate")
+            runs += [check_run(sub, data_dir) for sub in finished]
+            notes += [f"skipping {sub}: not finished (no final.json)" for sub in subs if sub not in finished]
+        elif path.is_dir():
+            runs.append(check_run(path, data_dir))
+        else:
+            raise DataError(f"{path}: no such run folder or sweep OUT")
+    return runs, notes
+
+
+def sample_texts(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_k=None, seed=0, device="cpu"):
+    """The sampled continuation (text) of every prompt (train.py --sample, evaluate.py --prompt): BOS + its
+    tokens go to model.generate as lists (ragged is fine), drawing from one generator seeded `seed` on
+    `device`, so the same call samples the same texts; a sample ends at BOS, where the model would start a
+    new document."""
+    ids = [[tokenizer.bos_id] + tokenizer.encode(prompt) for prompt in prompts]
+    generator = torch.Generator(device=device).manual_seed(seed)
+    new_tokens = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator,
+                                stop_id=tokenizer.bos_id)
+    texts = []
+    for tokens in new_tokens:
+        tokens = list(tokens)
+        if tokenizer.bos_id in tokens:
+            tokens = tokens[:tokens.index(tokenizer.bos_id)]
+        texts.append(tokenizer.decode(tokens))
+    return texts
