@@ -1,7 +1,8 @@
 """
 What every script shares, in one place (nanochat keeps such helpers in its common.py): the one-line error
 convention, the argparse value types, and crash-safe files (atomic writes, appended rows, JSON and JSON-lines
-readers that name the file they could not read). Pure Python: flops.py and fit_laws.py import it too.
+readers that name the file they could not read, a check of a record's structure). Pure Python: flops.py and
+fit_laws.py import it too.
 
     from common import DataError, fail, one_line_errors, positive_int, atomic_write, append_row
 """
@@ -126,19 +127,29 @@ def atomic_write(path, data):
     os.close(fd)
 
 
-def append_row(path, row):
+def append_row(path, row, key=()):
     """Append a JSON row by rewriting the file with atomic_write under a lock on its folder: a reader, a crash
-    or a full disk sees the old file or the new one, never half a row; concurrent writers never lose a row."""
+    or a full disk sees the old file or the new one, never half a row; concurrent writers never lose a row.
+    key: field names; if a row with row's values of them is already there (another writer was first), the
+    file is left as it is. Returns whether the row was appended."""
     path = Path(path)
     fd = os.open(path.parent, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        if key and any(row_key(old, key) == row_key(row, key) for old in read_rows(path)[0]):
+            return False
         old = path.read_bytes() if path.exists() else b""
         if old and not old.endswith(b"\n"):
             old += b"\n"  # a torn last line stays a line of its own (read_rows reports it)
         atomic_write(path, old + (json.dumps(row) + "\n").encode())
     finally:
         os.close(fd)
+    return True
+
+
+def row_key(row, key):
+    """The values of the fields `key` in a row, the tuple two rows of one key share."""
+    return tuple(row.get(name) for name in key)
 
 
 def load_json(path, what="file"):
@@ -150,6 +161,22 @@ def load_json(path, what="file"):
         raise DataError(f"{path}: no such {what}") from None
     except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
         raise DataError(f"{path}: not a readable JSON {what} ({e})") from None
+
+
+def check_fields(where, record, fields):
+    """A file's record (JSON, a checkpoint's dict) has the structure its reader needs: a dict holding every
+    key of `fields` ({key: type or tuple of types}) with a value of that type, where a bool is not an int.
+    The first key that is missing or of another type is one DataError naming `where` and the key."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: a {type(record).__name__}, not a record with {', '.join(fields)}")
+    for key, kind in fields.items():
+        if key not in record:
+            raise DataError(f"{where}: no {key!r}")
+        value = record[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise DataError(f"{where}: {key} is {repr(value)[:40]}, not of type {names}")
 
 
 def json_lines(lines, path):

@@ -95,6 +95,8 @@ def read_meta(data_dir, verify=True):
             raise DataError(f"{path}: missing key {key!r}; {rebuild}")
         if not isinstance(meta[key], kind) or (kind is int and meta[key] < 0):
             raise DataError(f"{path}: {key} is {meta[key]!r}, not a {kind.__name__}; {rebuild}")
+    if not isinstance(meta["packing"].get("method"), str):  # data_identity names the data by it
+        raise DataError(f"{path}: packing has no method (a string); {rebuild}")
     for split in ("train", "val"):
         bin_path = Path(data_dir) / f"{split}.bin"
         want = meta[f"{split}_rows"] * meta["row_len"] * 2

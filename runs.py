@@ -1,11 +1,13 @@
 """
 A run folder and its record. What makes two runs the same run (the identity and its sha256, the run_id),
 the files a run leaves in its folder (run.json at the start, ckpt.pt, final.json: its results row) and
-reading them back: every damaged or foreign file is one DataError naming it. train.py decides with these
-whether a run is done, reused, restored or resumed; evaluate.py loads finished runs' final weights.
+reading them back: every damaged or foreign file, or one without the structure its reader needs, is one
+DataError naming it. train.py decides with these whether a run is done, reused, restored or resumed;
+evaluate.py finds finished runs and loads their final weights; both sample texts from them.
 
     model = load_run_model("runs/quickstart", "cpu")     # the final weights, checked against final.json
 """
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -16,7 +18,7 @@ from pathlib import Path
 import torch
 
 import flops
-from common import DataError, append_row, atomic_write, load_json
+from common import DataError, append_row, atomic_write, check_fields, load_json
 from dataloader import data_identity, read_meta
 from model import GPT
 from muonh import GROUP_NAMES, RECIPE_GROUPS, learning_rates, lr_settings
@@ -27,6 +29,15 @@ MIN_STEPS = 2
 HORIZON_RTOL = 0.10
 # What a checkpoint records about the training loop besides weights, optimiser states and RNG.
 PROGRESS_KEYS = ("step", "train_row", "wall_s", "train_loss", "tokens_per_s", "high_loss_steps")
+# The structure each reader of a run's files needs ({key: type}, common.check_fields): a file that loads but
+# lacks one is refused in one line naming it and the key, never a KeyError inside the reader.
+NUMBER, MAYBE_NUMBER = (int, float), (int, float, type(None))
+WEIGHTS_FIELDS = {"model": dict, "run_id": str, "step": int}  # ckpt.pt, for the final weights
+RESUME_FIELDS = WEIGHTS_FIELDS | {"optimizers": list, "rng_cpu": torch.Tensor, "train_row": int, "wall_s": NUMBER,
+                                  "train_loss": MAYBE_NUMBER, "tokens_per_s": MAYBE_NUMBER, "high_loss_steps": int}
+FINAL_FIELDS = {"run_id": str, "val_loss": NUMBER, "steps": int, "tokens": int, "out": str, "data_meta": dict}
+RUN_FIELDS = {"run_id": str, "identity": dict}  # run.json
+IDENTITY_FIELDS = {"model": dict, "data": dict, "dtype": str}  # what check_run reads of run.json's identity
 
 
 # ----------------------------------------------------------------------------------------------
@@ -150,8 +161,10 @@ def read_final(path):
         row = load_json(path, "final.json")
     except DataError as e:
         raise DataError(f"{e}: delete it (or the folder) to retrain the run") from None
-    if not isinstance(row, dict) or "run_id" not in row:
-        raise DataError(f"{path}: not a run's final row (no run_id); delete it (or the folder) to retrain the run")
+    try:
+        check_fields(path, row, FINAL_FIELDS)
+    except DataError as e:
+        raise DataError(f"{e}: not a run's final row; delete it (or the folder) to retrain the run") from None
     return row
 
 
@@ -252,21 +265,27 @@ def save_checkpoint(path, model, optimizers, progress, run_id, identity):
 def restore_checkpoint(path, device, run_id, identity, model, optimizers):
     """Load ckpt.pt into model and optimizers, restore the RNG states and return the loop's progress
     (PROGRESS_KEYS). DataError: a damaged file, or another run's checkpoint (the fields that differ)."""
-    ckpt = load_checkpoint(path, device)
-    if ckpt.get("run_id") != run_id:
+    ckpt = load_checkpoint(path, device, RESUME_FIELDS)
+    if ckpt["run_id"] != run_id:
         raise refusal(path, ckpt, identity)
-    model.load_state_dict(ckpt["model"])
-    for opt, state in zip(optimizers, ckpt["optimizers"]):
-        opt.load_state_dict(state)
-    torch.set_rng_state(ckpt["rng_cpu"])
-    if torch.device(device).type == "cuda" and ckpt.get("rng_cuda") is not None:
-        torch.cuda.set_rng_state(ckpt["rng_cuda"])
+    if len(ckpt["optimizers"]) != len(optimizers):
+        raise DataError(f"{path}: {len(ckpt['optimizers'])} optimiser states, this run has {len(optimizers)}")
+    try:  # the same run_id, so only a file edited by hand lands here
+        model.load_state_dict(ckpt["model"])
+        for opt, state in zip(optimizers, ckpt["optimizers"]):
+            opt.load_state_dict(state)
+        torch.set_rng_state(ckpt["rng_cpu"])
+        if torch.device(device).type == "cuda" and ckpt.get("rng_cuda") is not None:
+            torch.cuda.set_rng_state(ckpt["rng_cuda"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{path}: its states do not fit this run ({' '.join(str(e).split())[:160]})") from None
     return {key: ckpt[key] for key in PROGRESS_KEYS}
 
 
-def load_checkpoint(path, device):
-    """ckpt.pt as a dict, loaded with weights_only=True (a shared checkpoint cannot run code on load); an
-    empty, truncated or foreign file is a DataError naming it."""
+def load_checkpoint(path, device, fields):
+    """ckpt.pt as a dict holding `fields` (WEIGHTS_FIELDS, RESUME_FIELDS), loaded with weights_only=True (a
+    shared checkpoint cannot run code on load); an empty, truncated or foreign file, or one without a key its
+    reader needs, is a DataError naming it (and the key)."""
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
         if not isinstance(ckpt, dict) or "model" not in ckpt:
@@ -275,6 +294,7 @@ def load_checkpoint(path, device):
         reason = " ".join(str(e).split())[:160] or "empty or truncated file"
         raise DataError(f"{path} cannot be loaded as a checkpoint of this train.py ({type(e).__name__}: "
                         f"{reason})") from None
+    check_fields(path, ckpt, fields)
     return ckpt
 
 
@@ -286,24 +306,29 @@ def check_run(path, data_dir=""):
     if final is None:
         raise DataError(f"{path}: not a finished run (final.json is missing)")
     record = load_json(path / "run.json", "run.json")
-    if not isinstance(record, dict) or final.get("run_id") != record.get("run_id"):
+    check_fields(path / "run.json", record, RUN_FIELDS)
+    identity = record["identity"]
+    check_fields(f"{path / 'run.json'}: identity", identity, IDENTITY_FIELDS)
+    check_fields(f"{path / 'run.json'}: identity.data", identity["data"], {"tokenizer_sha256": str})
+    if final["run_id"] != record["run_id"]:
         raise DataError(f"{path}: final.json and run.json name different runs")
     if not zipfile.is_zipfile(path / "ckpt.pt"):  # torch.save's format: a truncated file is not one
         raise DataError(f"{path / 'ckpt.pt'}: missing or not a torch checkpoint")
-    identity = record.get("identity") or {}
     try:
         cfg = flops.ModelConfig(**identity["model"])
-    except (KeyError, TypeError, ValueError) as e:
+    except (TypeError, ValueError) as e:
         raise DataError(f"{path / 'run.json'}: no usable identity.model ({e})") from None
-    data_dir = data_dir or (final.get("data_meta") or {}).get("dir", "")
+    if not data_dir:  # the folder it trained on
+        check_fields(f"{path / 'final.json'}: data_meta", final["data_meta"], {"dir": str})
+        data_dir = final["data_meta"]["dir"]
     try:
         sha = read_meta(data_dir, verify=False)["tokenizer_sha256"]
     except DataError as e:
         raise DataError(f"the data folder of {path} (its tokenizer) is unusable, pass --data: {e}") from None
-    if sha != (identity.get("data") or {}).get("tokenizer_sha256"):
+    if sha != identity["data"]["tokenizer_sha256"]:
         raise DataError(f"{data_dir}: its tokenizer is not the one {path} was trained with (pass --data)")
     return {"dir": path, "name": path.name, "run_id": record["run_id"], "cfg": cfg, "data_dir": data_dir,
-            "tokenizer_sha256": sha, "dtype": identity.get("dtype"), "steps": final.get("steps")}
+            "tokenizer_sha256": sha, "dtype": identity["dtype"], "steps": final["steps"]}
 
 
 def load_run_model(run, device):
@@ -314,11 +339,11 @@ def load_run_model(run, device):
         run = check_run(run)
     device = torch.device(device)
     path = run["dir"] / "ckpt.pt"
-    ckpt = load_checkpoint(path, device)
-    if ckpt.get("run_id") != run["run_id"]:
-        raise DataError(f"{path}: holds run {str(ckpt.get('run_id'))[:12]}, not {run['run_id'][:12]}")
-    if run["steps"] is not None and ckpt.get("step") != run["steps"]:
-        raise DataError(f"{path}: holds step {ckpt.get('step')}, not the run's last ({run['steps']}): its final "
+    ckpt = load_checkpoint(path, device, WEIGHTS_FIELDS)
+    if ckpt["run_id"] != run["run_id"]:
+        raise DataError(f"{path}: holds run {ckpt['run_id'][:12]}, not {run['run_id'][:12]}")
+    if ckpt["step"] != run["steps"]:
+        raise DataError(f"{path}: holds step {ckpt['step']}, not the run's last ({run['steps']}): its final "
                         f"checkpoint was never written; retrain the run to evaluate it")
     model = GPT(run["cfg"])
     try:
@@ -328,3 +353,49 @@ def load_run_model(run, device):
     model.to(device)
     model.set_device_backend(device)
     return model.eval()
+
+
+def autocast_for(run, device):
+    """bf16 autocast on GPU for runs trained in it, as train.py evaluates them; fp32 otherwise."""
+    if device.type == "cuda" and run["dtype"] == "bfloat16":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def find_runs(paths, data_dir=""):
+    """(runs, notes): check_run's dict of every run folder given and of every finished run under a sweep OUT's
+    runs/, and a note for each unfinished one skipped. A sweep OUT without a finished run is a DataError: an
+    evaluation that would do nothing is refused, not reported as done."""
+    runs, notes = [], []
+    for path in map(Path, paths):
+        if (path / "runs").is_dir() and not (path / "run.json").exists():
+            subs = sorted(p for p in (path / "runs").iterdir() if p.is_dir())
+            finished = [sub for sub in subs if (sub / "final.json").exists()]
+            if not finished:
+                raise DataError(f"{path}: none of the {len(subs)} run folders in its runs/ is finished (no "
+                                f"final.json): nothing to evaluate")
+            runs += [check_run(sub, data_dir) for sub in finished]
+            notes += [f"skipping {sub}: not finished (no final.json)" for sub in subs if sub not in finished]
+        elif path.is_dir():
+            runs.append(check_run(path, data_dir))
+        else:
+            raise DataError(f"{path}: no such run folder or sweep OUT")
+    return runs, notes
+
+
+def sample_texts(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_k=None, seed=0, device="cpu"):
+    """The sampled continuation (text) of every prompt (train.py --sample, evaluate.py --prompt): BOS + its
+    tokens go to model.generate as lists (ragged is fine), drawing from one generator seeded `seed` on
+    `device`, so the same call samples the same texts; a sample ends at BOS, where the model would start a
+    new document."""
+    ids = [[tokenizer.bos_id] + tokenizer.encode(prompt) for prompt in prompts]
+    generator = torch.Generator(device=device).manual_seed(seed)
+    new_tokens = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator,
+                                stop_id=tokenizer.bos_id)
+    texts = []
+    for tokens in new_tokens:
+        tokens = list(tokens)
+        if tokenizer.bos_id in tokens:
+            tokens = tokens[:tokens.index(tokenizer.bos_id)]
+        texts.append(tokenizer.decode(tokens))
+    return texts

@@ -33,11 +33,10 @@ import common
 import flops
 from common import append_row, atomic_write, count, positive_float, positive_int, positive_int_list
 from dataloader import RowLoader, load_tokenizer, read_meta
-from evaluate import sample_texts
 from model import GPT
 from muonh import add_lr_args, build_optimizers, lr_multiplier
 from runs import (finished_row, load_run_model, open_outputs, plan_run, restore_checkpoint, results_row,
-                  run_identity, save_checkpoint, settle)
+                  run_identity, sample_texts, save_checkpoint, settle)
 
 # SIGTERM/SIGINT (preemption, Ctrl-C) only set this flag: the step in flight finishes, then every
 # rank agrees to stop, a checkpoint is written and the run exits; --resume continues it exactly.

