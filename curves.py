@@ -177,6 +177,8 @@ def plot_curves(plt, curves, title, n_rows):
         axes[0][j].legend(handles=handles, fontsize=7, title="width", title_fontsize=7, loc="upper right")
         axes[0][j].set(title=f"C = {C:.3g} FLOPs", xlabel="tokens seen", xlim=(0, None))
         axes[1][j].set(xlabel="FLOPs spent (F x tokens)", xlim=(0, None))
+        for ax in axes[:, j]:
+            ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))  # 1e4 tokens or 1e12 FLOPs: no long labels
     axes[0][0].set_ylim(*loss_range(curves))
     for ax in axes[:, 0]:
         ax.set_ylabel("training loss (nats/token)")
