@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 import common
+import tracking
 from common import (DataError, append_row, check_writable, count, finite_float, positive_int, positive_int_list,
                     read_rows, row_key)
 from dataloader import load_tokenizer
@@ -261,6 +262,7 @@ def parse_args(argv):
                    help="tokens per padded forward (default 2048 on CPU, dev/bench_evaluate.py; 32768 on GPU)")
     g.add_argument("--data", default="", help="data folder with the run's tokenizer (default: final.json's)")
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    tracking.add_args(g)  # --wandb PROJECT: each run's rows also go to its wandb run's summary
     g = p.add_argument_group("sampling from one run instead (--prompt)")
     g.add_argument("--prompt", default=None, help="text to continue")
     g.add_argument("--samples", type=positive_int, default=3)
@@ -343,6 +345,7 @@ def evaluate_run(args, run, todo, categories, device, encodings, tokenizer):
     category_of = {label: name for name, labels in categories.items() for label in labels}
     cfg = run["cfg"]
     note(f"{run['name']}: {len(todo)} (task, r) to evaluate; trained r = {cfg.r}, seq_len {cfg.seq_len}")
+    wandb_log = tracking.EvalLog(args.wandb if RANK == 0 else None, args.wandb_group, run, Path(args.results).parent)
     for r, task in todo:
         if is_done(args.results, run, r, task, device):
             note(f"{run['name']} r={r} {task['label']}: already in {args.results} (another evaluation wrote it)")
@@ -364,11 +367,13 @@ def evaluate_run(args, run, todo, categories, device, encodings, tokenizer):
         if RANK != 0:
             continue
         if append_row(args.results, row, ROW_KEY):  # under the results folder's lock: each key once
+            wandb_log.write(row)
             print(f"{run['name']} r={r} {task['label']}: loss {row['loss']:.4f} nats/token | acc {acc:.3f} "
                   f"(centred {row['acc_centered']:+.3f}) | {int(items)} items, {int(truncated)} truncated, "
                   f"{len(skipped)} skipped | {row['wall_s']:.1f}s", flush=True)
         else:
             note(f"{run['name']} r={r} {task['label']}: another evaluation wrote this row first; it is kept")
+    wandb_log.close()
 
 
 def sample_run(args, run, device):

@@ -21,12 +21,13 @@ import sys
 from pathlib import Path
 
 # laws first: it sets OpenBLAS's thread count before numpy loads (the fits run one thread per process).
-from laws import (BOX_HI, BOX_LO, CONFIG_FIELDS, HUBER_DELTA, _column, _frontier_points, arch_key, arch_label,
-                  bootstrap_joint, budget_halves, budget_levels, by_arch, compare_phi, compute_frontier, equivalence,
-                  family_for_group, fit_chinchilla, fit_joint, law_loss, residuals_by_r)
+from laws import (BOX_HI, BOX_LO, CONFIG_FIELDS, HUBER_DELTA, MARKER_OF_R, _column, _frontier_points, arch_key,
+                  arch_label, bootstrap_joint, budget_halves, budget_levels, by_arch, compare_phi, compute_frontier,
+                  equivalence, family_for_group, fit_chinchilla, fit_joint, law_loss, residuals_by_r)
 import numpy as np  # noqa: E402 (after laws, see above)
 
 from common import DataError, check_writable, fail, finite_float, one_line_errors, positive_int
+from curves import grid_curves, plot_curves
 from common import positive_int_list, read_rows
 
 PROG = "fit_laws.py"
@@ -407,9 +408,6 @@ def report_equivalence(eq, p=print):
 # ----------------------------------------------------------------------------------------------
 # Plots
 
-MARKER_OF_R = {1: "o", 2: "s", 4: "^", 8: "D"}  # other loop counts: "v"
-
-
 def _run_colours(rows, level, colours, key):
     """The budget colour of each run of architecture `key`, in by_arch's order."""
     return [colours[lv] for row, lv in zip(rows, level) if arch_key(row) == key]
@@ -503,8 +501,9 @@ def plot_frontier(plt, res, budgets, title):
     return fig
 
 
-def make_plots(res, rows, outdir, title):
-    """isoflop.png, pred_vs_actual.png and frontier.png in outdir; `title` names the grid."""
+def make_plots(res, rows, outdir, title, results):
+    """isoflop.png, pred_vs_actual.png, frontier.png and, for the runs whose training curve is found beside
+    `results` (curves.py), curves.png in outdir; `title` names the grid. Returns the names written."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -515,6 +514,11 @@ def make_plots(res, rows, outdir, title):
         "pred_vs_actual.png": plot_pred_vs_actual(plt, res, rows, level, budgets, colours, title),
         "frontier.png": plot_frontier(plt, res, budgets, title),
     }
+    found, notes = grid_curves(rows, results)
+    for note in notes:
+        print(f"{PROG}: curves.png: {note}", file=sys.stderr)
+    if found:
+        figures["curves.png"] = plot_curves(plt, found, title, len(rows))
     for name, fig in figures.items():
         fig.savefig(Path(outdir) / name, dpi=120)
     plt.close("all")
@@ -540,7 +544,8 @@ def parse_args(argv=None):
     p.add_argument("results", nargs="?", help="train.py's results file (JSONL)")
     p.add_argument("--compare", metavar="FILE", help="second sweep: report delta-phi = phi(FILE) - phi(results)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
-    p.add_argument("--plots", metavar="DIR", help="write isoflop.png, pred_vs_actual.png, frontier.png")
+    p.add_argument("--plots", metavar="DIR", help="write isoflop.png, pred_vs_actual.png, frontier.png and "
+                   "curves.png (the runs' training curves, where their logs are found)")
     p.add_argument("--only-r", metavar="LIST", type=positive_int_list, help="keep only these r, e.g. 1,4,8")
     p.add_argument("--restarts", type=positive_int, default=500, help="random L-BFGS-B restarts per fit (paper: 500)")
     p.add_argument("--bootstrap", type=resample_count, default=200, metavar="N",
@@ -677,7 +682,7 @@ def fit_and_report(args):
         Path(args.json).write_text(json.dumps(out, indent=1, default=float))
         print(f"\nwrote {args.json}")
     if args.plots and fits:
-        names = make_plots(fits[0], sweeps[0][1], args.plots, plot_title(args.results))
+        names = make_plots(fits[0], sweeps[0][1], args.plots, plot_title(args.results), args.results)
         print(f"wrote {', '.join(names)} to {args.plots}")
 
 

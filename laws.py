@@ -49,6 +49,9 @@ def arch_key(row):
     return (int(row["r"]), int(row["r_bwd"]), str(row["injection"]))
 
 
+MARKER_OF_R = {1: "o", 2: "s", 4: "^", 8: "D"}  # every figure's marker of each r; other loop counts: "v"
+
+
 def arch_label(key):
     if key[0] == 1:
         return f"r={key[0]}"

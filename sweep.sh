@@ -27,7 +27,8 @@
 # Environment: GPUS (default: all visible, 0 on CPU), GPUS_PER_RUN (default: GPUS, at least 1),
 # CPU_JOBS (runs at once without GPUs, default 1; each gets cores/CPU_JOBS threads),
 # OUT (default runs/<grid>), DATA (default per grid; the CPU grids and smoke build theirs from data/ when
-# it is missing), PYTHON (default python3), ALLOW_REPEAT=1.
+# it is missing), PYTHON (default python3), ALLOW_REPEAT=1, WANDB_PROJECT (every run also logs to this Weights
+# & Biases project, grouped by grid: train.py --wandb; needs requirements-dev.txt).
 set -uo pipefail
 cd "$(dirname "$0")"
 
@@ -123,6 +124,9 @@ if [ -n "$VARIANT" ]; then
 fi
 PYTHON="${PYTHON:-python3}"
 OUT="${OUT:-runs/$GRID${VARIANT:+-$VARIANT}}"
+if [ -n "${WANDB_PROJECT:-}" ] && ! [[ "$WANDB_PROJECT" =~ ^[A-Za-z0-9._-]+$ ]]; then  # it goes into a command line
+  echo "sweep.sh: WANDB_PROJECT='$WANDB_PROJECT' is not a wandb project name (letters, digits, '.', '_', '-')" >&2; exit 2
+fi
 RESULTS="$OUT/results.jsonl"
 
 # values_for KEY "K:V"...: the Vs of the entries whose K is KEY (the extra widths of a budget, an r's LR).
@@ -270,6 +274,7 @@ train_command() {  # name, flags, slot
   local name="$1" flags="$2" slot="$3" reuse="" sibling
   for sibling in $(reuse_candidates "$name"); do reuse="$reuse--reuse-from $sibling "; done
   local common="train.py --data $DATA --out $OUT/runs/$name --results $RESULTS --resume $reuse$flags${EXTRA[*]:+ ${EXTRA[*]}}"
+  common="$common${WANDB_PROJECT:+ --wandb $WANDB_PROJECT --wandb-group $GRID${VARIANT:+-$VARIANT}}"
   if [ "$GPUS" -gt 0 ]; then
     local first=$(( slot * GPUS_PER_RUN )) devices
     devices=$(seq -s, "$first" $(( first + GPUS_PER_RUN - 1 )))

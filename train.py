@@ -31,7 +31,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
 import flops
-from common import append_row, atomic_write, count, positive_float, positive_int, positive_int_list
+import tracking
+from common import DataError, append_row, atomic_write, count, positive_float, positive_int, positive_int_list
 from dataloader import RowLoader, load_tokenizer, read_meta
 from model import GPT
 from muonh import add_lr_args, build_optimizers, lr_multiplier
@@ -92,6 +93,7 @@ def parse_args(argv=None):
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: bf16 on GPU")
     g.add_argument("--compile", action="store_true", help="torch.compile the model (inductor, GPU or CPU)")
+    tracking.add_args(g)  # --wandb PROJECT, --wandb-group GROUP
     return p.parse_args(argv)
 
 
@@ -176,6 +178,8 @@ def train(run):
         code = train_loop(run)
         if code is None:
             code = finish(run)
+    except DataError as e:  # bad input met only here, e.g. a wandb run wandb could not start (before any step)
+        fail(str(e))
     except OSError as e:
         fail(f"I/O error on {e.filename or 'a file'} ({e.strerror or e}); the last checkpoint "
              f"{run.out / 'ckpt.pt'} is whole: fix it (e.g. free space) and rerun with --resume", code=1)
@@ -334,7 +338,7 @@ def train_loop(run):
     diverged_above = math.log(run.cfg.vocab_size) + DIVERGED_NATS
     patience = max(1, min(DIVERGED_STEPS, run.steps // 10))
     run.t_start, timed_tokens, timed_seconds = time.time(), 0, 0.0
-    run.log_file = open(run.out / "log.jsonl", "a", buffering=1) if RANK == 0 else None  # whole lines
+    run.log_file = tracking.open_log(run) if RANK == 0 else None  # log.jsonl, and the wandb run with --wandb
     while progress["step"] < run.steps:
         t0 = time.time()
         train_loss, lr_mult = train_step(run, progress["step"], grad_accum)
@@ -372,7 +376,7 @@ def log_progress(run, lr_mult, eta):
     record = {"step": progress["step"], "steps": run.steps, "loss": progress["train_loss"], "lr_mult": lr_mult,
               "tokens_per_s": tokens_per_s, "mfu": mfu, "train_row": run.train_loader.row,
               "elapsed_s": progress["wall_s"] + time.time() - run.t_start}
-    run.log_file.write(json.dumps(record) + "\n")
+    run.log_file.write(record)
     mfu_text = f"{100 * mfu:.1f}%" if mfu else "n/a"
     gflops = run.summary["flops_per_token"] * tokens_per_s / 1e9
     print(f"step {progress['step']:>6}/{run.steps} | loss {progress['train_loss']:.4f} | lrm {lr_mult:.3f} | "
@@ -426,7 +430,7 @@ def finish(run):
         atomic_write(run.out / "final.json", (json.dumps(row, indent=1) + "\n").encode())
         if run.tokenizer is not None:  # a look at what the model learned
             print_samples(run.model, run.tokenizer, run.args, run.device, run.autocast)
-        run.log_file.close()
+        run.log_file.close(row)
     if ckpt_error is not None:
         print0(f"train.py: the row is written, but the final checkpoint could not be ({ckpt_error.filename}: "
                f"{ckpt_error.strerror}); {run.out / 'ckpt.pt'} holds an earlier step, so evaluate.py refuses "

@@ -22,6 +22,7 @@ import dataloader
 import flops
 import muonh
 import runs
+import tracking
 import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -464,7 +465,7 @@ def test_compile_on_cpu_falls_back_to_eager_when_inductor_fails(sample_data, tmp
 
 def full_disk_at(monkeypatch, name):
     """Make every write to a file called `name` fail with ENOSPC: train.py's atomic writes (run.json,
-    ckpt.pt, final.json), common.append_row's (the results file) and the log's open()."""
+    ckpt.pt, final.json), common.append_row's (the results file) and the log's open() (tracking.RunLog)."""
     import builtins
     real_atomic, real_open = common.atomic_write, builtins.open
 
@@ -479,7 +480,7 @@ def full_disk_at(monkeypatch, name):
         return real_open(path, mode, *args, **kwargs)
     for module in (train, runs, common):  # each holds its own name for common.atomic_write
         monkeypatch.setattr(module, "atomic_write", atomic)
-    monkeypatch.setattr(train, "open", log_open, raising=False)
+    monkeypatch.setattr(tracking, "open", log_open, raising=False)
 
 
 def code_of(fn, *args):
