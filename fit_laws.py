@@ -14,6 +14,7 @@ counts and FLOPs come from flops.py. Without a sweep: python dev/synthetic_sweep
 the paper's grid with losses from a known law; dev/epoch_chinchilla.py refits Epoch's Chinchilla runs.
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -26,6 +27,8 @@ from laws import (BOX_HI, BOX_LO, CONFIG_FIELDS, HUBER_DELTA, MARKER_OF_R, _colu
                   equivalence, family_for_group, fit_chinchilla, fit_joint, law_loss, residuals_by_r)
 import numpy as np  # noqa: E402 (after laws, see above)
 
+import laws  # noqa: E402 (its file is part of a stored analysis' fingerprint)
+
 from common import DataError, check_writable, fail, finite_float, one_line_errors, positive_int
 from curves import grid_curves, plot_curves
 from common import positive_int_list, read_rows
@@ -35,6 +38,9 @@ SAME_RUN = CONFIG_FIELDS + ("flops_budget", "tokens", "seed", "lrs")  # one run,
 FINISHED_FIELDS = ("val_loss", "train_loss", "tokens_per_s")  # null or non-finite in a run that did not finish
 POSITIVE_FIELDS = ("val_loss", "n_params", "n_once", "n_rec", "tokens", "flops_budget")  # N_once, N_rec may be 0
 DEFAULT_CATEGORIES = Path(__file__).resolve().parent / "data" / "eval" / "categories.json"
+# Runs shorter than this are a chain check, not a measurement (smoke's take 1-4 optimiser steps; the CPU grid's
+# shortest, 127): the report says that its phi means nothing.
+MEANINGFUL_STEPS = 100
 
 
 # ----------------------------------------------------------------------------------------------
@@ -593,6 +599,10 @@ def load_sweep(path, only_r=None, allow_mixed=False, metric=None):
         raise ValueError(f"{path}: its runs differ in {'; '.join(mixed)}: one law over them mixes losses that are "
                          f"not comparable (fit each sweep on its own, or pass --allow-mixed)")
     notes = []
+    steps = [row.get("steps") for row in rows]
+    if None not in steps and max(steps) < MEANINGFUL_STEPS:
+        notes.append(f"the longest run trains for {max(steps)} optimiser steps: a chain check (like the smoke grid), "
+                     f"not a measurement, so its laws and phi mean nothing")
     if dropped:
         notes.append(f"{len(dropped)} rows dropped, see stderr")
     if metric is not None:
@@ -606,10 +616,11 @@ def _without(d, key):
 
 
 def json_ready(res):
-    """The analysis for --json: architectures by label, CIs beside the joint fit, internals left out."""
-    boot = _without(res.get("bootstrap") or {}, "draws")
+    """The analysis for --json: architectures by label (each with its key), CIs beside the joint fit, the
+    bootstrap's draws (what a delta-phi needs), internals left out. restored_analysis reads it back."""
+    boot = res.get("bootstrap") or {}
     out = dict(res)
-    out["per_arch"] = {arch_label(k): _without(v, "local_optima") for k, v in res["per_arch"].items()}
+    out["per_arch"] = {arch_label(k): _without(v, "local_optima") | {"key": list(k)} for k, v in res["per_arch"].items()}
     out["bootstrap"] = boot or None
     out["restricted"] = {k: _without(v, "local_optima") for k, v in res["restricted"].items()}
     out["halves"] = {k: _without(v, "local_optima") for k, v in res["halves"].items()}
@@ -619,6 +630,62 @@ def json_ready(res):
             if k.endswith("_ci"):
                 out["joint"][k] = boot[k]
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Reusing an analysis: sweep.sh fits each sweep into <OUT>/fit/fit.json; a later --compare of that sweep
+# (or a rerun) reads it back instead of refitting, when the rows, the options and the fitting code are the same.
+
+def analysis_fingerprint(rows, options):
+    """sha256 of everything an analysis depends on: the rows fitted, the fit options (restarts, resamples,
+    seed, Huber delta) and the source of the fitting code (this file and laws.py)."""
+    digest = hashlib.sha256(json.dumps({"rows": rows, "options": options}, sort_keys=True, default=str).encode())
+    for source in (Path(__file__), Path(laws.__file__)):
+        digest.update(source.read_bytes())
+    return digest.hexdigest()
+
+
+def stored_analyses(results, json_out):
+    """[(file, analysis as json_ready wrote it)] that fit_laws.py may have written for `results` before: the
+    --json target itself, and the JSON files of the sweep's fit folder (sweep.sh's <OUT>/fit/, or the folder
+    of a results file kept inside it, like fit/layout_anchored.jsonl). Unreadable files are passed over."""
+    results = Path(results)
+    folder = results.parent
+    if results.name == "results.jsonl":
+        folder = results.parent / "fit"
+    files = sorted(folder.glob("*.json"))
+    if json_out and Path(json_out).is_file():
+        files.insert(0, Path(json_out))
+    found = []
+    for path in files:
+        try:
+            out = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(out, dict):
+            found += [(path, part) for part in (out, out.get("compare")) if isinstance(part, dict)]
+    return found
+
+
+def restored_analysis(stored):
+    """The analysis dict analyse() returned, from its json_ready form (per_arch keyed by its key again)."""
+    res = dict(stored)
+    res["per_arch"] = {tuple(fit["key"]): _without(fit, "key") for fit in stored["per_arch"].values()}
+    return res
+
+
+def reused_or_fitted(path, rows, options, workers, json_out):
+    """The analysis of one sweep: one fit_laws.py stored for the same fingerprint, else analyse() now."""
+    fingerprint = analysis_fingerprint(rows, options)
+    for file, stored in stored_analyses(path, json_out):
+        if stored.get("fingerprint") == fingerprint:
+            print(f"{PROG}: {path}: reused the analysis in {file} (same rows, options and fitting code)",
+                  file=sys.stderr)
+            return restored_analysis(stored)
+    res = analyse(rows, options["restarts"], options["bootstrap"], options["boot_restarts"], options["seed"],
+                  workers, options["delta"])
+    res["fingerprint"] = fingerprint
+    return res
 
 
 def plot_title(results):
@@ -657,8 +724,10 @@ def fit_and_report(args):
     fits, out = [], {}
     for k, (path, rows, notes) in enumerate(sweeps):
         seed = args.seed + 1_000_003 * k  # the compared sweep's own restarts and resamples
-        res = analyse(rows, args.restarts, args.bootstrap, 16, seed, args.workers)
-        res["notes"][:0] = notes  # the loading notes before the fit's own
+        options = {"restarts": args.restarts, "bootstrap": args.bootstrap, "boot_restarts": 16, "seed": seed,
+                   "delta": HUBER_DELTA, "notes": notes}
+        res = reused_or_fitted(path, rows, options, args.workers, args.json)
+        res["notes"] = notes + [note for note in res["notes"] if note not in notes]  # the loading notes first
         report(res, str(path))
         fits.append(res)
     if fits:

@@ -323,7 +323,7 @@ def residuals_by_r(fit, rows):
     table = []
     for r in sorted(set(c["r"].astype(int))):
         mine = resid[c["r"] == r]
-        table.append({"r": r, "runs": len(mine), "rmse": float(np.sqrt(np.mean(mine ** 2))),
+        table.append({"r": int(r), "runs": len(mine), "rmse": float(np.sqrt(np.mean(mine ** 2))),
                       "mean": float(mine.mean()), "max_abs": float(np.abs(mine).max())})
     return table
 

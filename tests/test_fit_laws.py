@@ -440,6 +440,52 @@ def test_unconverged_fit_is_reported_as_such(sweep, monkeypatch):
     assert "NOT CONVERGED" in text and "phi   =" not in text
 
 
+def synthetic_sweep_file(path, *extra):
+    proc = subprocess.run([sys.executable, str(ROOT / "dev" / "synthetic_sweep.py"), str(path), *extra],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return path
+
+
+def test_a_compare_reuses_the_stored_fit_of_a_sweep_when_rows_options_and_code_are_the_same(tmp_path):
+    """sweep.sh fits each sweep into <OUT>/fit/fit.json; `fit_laws.py A --compare B` later reads A's analysis
+    back from there (and a rerun of the compare both, from its --json) instead of refitting: the same report,
+    word for word. A changed option or a changed row is a new analysis, fitted."""
+    quick = ["--restarts", "12", "--bootstrap", "6", "--workers", "2"]
+    base = synthetic_sweep_file(tmp_path / "base" / "results.jsonl")
+    trunc = synthetic_sweep_file(tmp_path / "trunc.jsonl", "--truth", "phi=0.3", "--bptt", "truncated", "--seed", "1")
+    (tmp_path / "base" / "fit").mkdir()
+    first = fit_cli(base, *quick, "--json", tmp_path / "base" / "fit" / "fit.json")
+    assert first.returncode == 0 and "reused" not in first.stderr
+    compare = fit_cli(base, "--compare", trunc, *quick, "--json", tmp_path / "compare.json")
+    assert f"{base}: reused the analysis in {tmp_path / 'base' / 'fit' / 'fit.json'}" in compare.stderr
+    assert f"{trunc}: reused" not in compare.stderr
+    again = fit_cli(base, "--compare", trunc, *quick, "--json", tmp_path / "compare.json")
+    assert again.stderr.count("reused the analysis in") == 2 and again.stdout == compare.stdout
+    alone, alone_trunc = tmp_path / "alone" / "results.jsonl", tmp_path / "alone" / "trunc.jsonl"
+    alone.parent.mkdir()  # the same rows with nothing stored beside them: fitted from scratch
+    alone.write_text(base.read_text())
+    alone_trunc.write_text(trunc.read_text())
+    fresh = fit_cli(alone, "--compare", alone_trunc, *quick)
+    same_paths = fresh.stdout.replace(str(alone), str(base)).replace(str(alone_trunc), str(trunc))
+    assert "reused" not in fresh.stderr and same_paths.rstrip() == compare.stdout.split("\nwrote ")[0].rstrip()
+    assert "reused" not in fit_cli(base, *quick[:1], "13", *quick[2:]).stderr  # another option
+    rows = base.read_text().splitlines()
+    changed = json.loads(rows[0]) | {"val_loss": json.loads(rows[0])["val_loss"] + 0.01}
+    base.write_text("\n".join([json.dumps(changed), *rows[1:]]) + "\n")
+    assert "reused" not in fit_cli(base, *quick).stderr  # another row
+
+
+def test_runs_of_a_few_steps_are_reported_as_a_chain_check_not_a_measurement(tmp_path):
+    """The smoke grid's runs take 1-4 optimiser steps: its report says that its phi means nothing."""
+    rows = [json.loads(line) for line in synthetic_sweep_file(tmp_path / "s.jsonl").read_text().splitlines()]
+    short = tmp_path / "short.jsonl"
+    short.write_text("".join(json.dumps(row | {"steps": 4}) + "\n" for row in rows))
+    report = quick_fit_report(short).stdout
+    assert "note: the longest run trains for 4 optimiser steps: a chain check" in report
+    assert "chain check" not in quick_fit_report(tmp_path / "s.jsonl").stdout
+
+
 def test_cli_end_to_end(tmp_path):
     base, trunc = tmp_path / "base.jsonl", tmp_path / "trunc.jsonl"
     for path, extra in ((base, []), (trunc, ["--truth", "phi=0.3", "--bptt", "truncated", "--seed", "1"])):
