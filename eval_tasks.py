@@ -25,12 +25,13 @@ import re
 import shutil
 import sys
 import zipfile
+from pathlib import Path
 
 import pyarrow as pa
 import yaml
 
 from common import DataError, check_fields, json_lines
-from prepare_data import download_file
+from download import download_file
 
 CORE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"  # nanochat's copy of DCLM's
 # Every item's fields and their types (read_items checks each, common.check_fields); the options are lists of strings.
@@ -264,8 +265,8 @@ def check_bundle_zip(path):
 
 def fetch_core(folder, url):
     """DCLM's CORE bundle: streamed to .tmp with retries and HTTP Range resume, verified, renamed
-    (prepare_data.download_file), then extracted from the folder holding core.yaml."""
-    zip_path = download_file(url, folder.with_name("eval_bundle.zip"), check=check_bundle_zip)
+    (download.download_file), then extracted from the folder holding core.yaml."""
+    zip_path = download_file(url, folder.with_name("eval_bundle.zip"), check_bundle_zip)
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     with zipfile.ZipFile(zip_path) as z:
@@ -425,3 +426,36 @@ def render(task, index, shots, trim=False):
     if kind == "multiple_choice":
         return item["gold"], [(prefix + item["query"] + delimiter, choice) for choice in item["choices"]]
     return item["gold"], [(prefix + context + delimiter, item["continuation"]) for context in item["context_options"]]
+
+
+# ----------------------------------------------------------------------------------------------
+# Categories: the paper's groups of tasks (App. I.1) and their loss
+
+CATEGORIES = Path(__file__).resolve().parent / "data" / "eval" / "categories.json"  # the paper's four, as data
+
+
+def read_categories(path):
+    """{category: [task labels]} from a categories file (data/eval/categories.json's shape); ValueError if bad."""
+    try:
+        categories = json.loads(Path(path).read_text())["categories"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a categories file with a 'categories' map ({err!r})") from None
+    if not isinstance(categories, dict) or not all(isinstance(v, list) for v in categories.values()):
+        raise ValueError(f"{path}: 'categories' must map each category to a list of task labels")
+    return categories
+
+
+def category_losses(eval_rows, categories):
+    """The paper's category loss (App. I.1): the unweighted mean of its tasks' gold-continuation losses,
+    per (run_id, r) of evaluate.py's rows. `categories` maps a category to its task labels; a run counts
+    for a category only if it has a row for every one of them. Returns {(run_id, r): {category: loss}}."""
+    task_loss = {}
+    for row in eval_rows:
+        losses = task_loss.setdefault((row["run_id"], int(row["r"])), {})
+        losses[row["task"]] = float(row["loss"])
+    out = {}
+    for key, losses in task_loss.items():
+        for category, tasks in categories.items():
+            if tasks and all(task in losses for task in tasks):
+                out.setdefault(key, {})[category] = sum(losses[task] for task in tasks) / len(tasks)
+    return out

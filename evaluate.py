@@ -17,7 +17,7 @@ items shuffled by random.Random(1337), the first --max-items kept, shots drawn a
 after all options' common prefix (MC), in their common suffix (schema) or after the stripped prompt (LM);
 a sequence cropped to its last seq_len tokens, a continuation that cannot fit refused. nanoloop-v1 is this
 repository's first rule set (dev/README.md, "evaluate.py"). Both: a task's loss is its gold nats over its
-gold tokens (Heineman et al.), a category's the mean of its tasks' (fit_laws.category_losses). A results
+gold tokens (Heineman et al.), a category's the mean of its tasks' (eval_tasks.category_losses). A results
 file holds one --scoring's rows, one per (run_id, task, r, num_fewshot): a rerun, or an evaluation running
 beside it, skips what it holds. At CPU scale (128-token rows) pass --num-fewshot 0: shots do not fit.
 """
@@ -35,11 +35,10 @@ import tracking
 from common import (DataError, append_row, check_writable, count, finite_float, positive_int, positive_int_list,
                     read_rows, row_key)
 from dataloader import load_tokenizer
-from eval_tasks import CORE_URL, SCORINGS, load_bundle, prepare_bundle, render, select_items, shot_indices
-from fit_laws import category_losses, read_categories
-from runs import autocast_for, find_runs, load_run_model, sample_texts
+from eval_tasks import (CATEGORIES, CORE_URL, SCORINGS, category_losses, load_bundle, prepare_bundle, read_categories,
+                        render, select_items, shot_indices)
+from runs import autocast_for, find_runs, load_run_model
 
-CATEGORIES = Path(__file__).resolve().parent / "data" / "eval" / "categories.json"
 ROW_KEY = ("run_id", "task", "r", "num_fewshot")  # one row per key in a results file; a rerun skips what it holds
 LEGACY_SCORING = "nanoloop-v1"  # rows without a "scoring" field were all scored so (written before it existed)
 CHUNK_ITEMS = 256      # items per progress step
@@ -382,8 +381,8 @@ def sample_run(args, run, device):
     tokenizer = load_tokenizer(run["data_dir"])
     try:
         with autocast_for(run, device):
-            texts = sample_texts(model, tokenizer, [args.prompt] * args.samples, args.max_new_tokens,
-                                 args.temperature, args.top_k, args.seed, device)
+            texts = model.sample_texts(tokenizer, [args.prompt] * args.samples, args.max_new_tokens,
+                                       args.temperature, args.top_k, args.seed)
     except ValueError as e:  # generate refuses a prompt longer than the model's context
         raise DataError(f"--prompt: {e}") from None
     for text in texts:

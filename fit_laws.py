@@ -19,10 +19,11 @@ import json
 import math
 import os
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # laws first: it sets OpenBLAS's thread count before numpy loads (the fits run one thread per process).
-from laws import (BOX_HI, BOX_LO, CONFIG_FIELDS, HUBER_DELTA, MARKER_OF_R, _column, _frontier_points, arch_key,
+from laws import (BOX_HI, BOX_LO, CONFIG_FIELDS, HUBER_DELTA, MARKER_OF_R, column, arch_key,
                   arch_label, bootstrap_joint, budget_halves, budget_levels, by_arch, compare_phi, compute_frontier,
                   equivalence, family_for_group, fit_chinchilla, fit_joint, law_loss, residuals_by_r)
 import numpy as np  # noqa: E402 (after laws, see above)
@@ -31,13 +32,13 @@ import laws  # noqa: E402 (its file is part of a stored analysis' fingerprint)
 
 from common import DataError, check_writable, fail, finite_float, one_line_errors, positive_int
 from curves import grid_curves, plot_curves
+from eval_tasks import CATEGORIES, category_losses, read_categories
 from common import positive_int_list, read_rows
 
 PROG = "fit_laws.py"
 SAME_RUN = CONFIG_FIELDS + ("flops_budget", "tokens", "seed", "lrs")  # one run, for rows without run_id
 FINISHED_FIELDS = ("val_loss", "train_loss", "tokens_per_s")  # null or non-finite in a run that did not finish
 POSITIVE_FIELDS = ("val_loss", "n_params", "n_once", "n_rec", "tokens", "flops_budget")  # N_once, N_rec may be 0
-DEFAULT_CATEGORIES = Path(__file__).resolve().parent / "data" / "eval" / "categories.json"
 # Runs shorter than this are a chain check, not a measurement (smoke's take 1-4 optimiser steps; the CPU grid's
 # shortest, 127): the report says that its phi means nothing.
 MEANINGFUL_STEPS = 100
@@ -170,17 +171,6 @@ def with_metric(rows, metric, eval_rows, categories):
     return kept, notes
 
 
-def read_categories(path):
-    """{category: [task labels]} from a categories file (data/eval/categories.json's shape); ValueError if bad."""
-    try:
-        categories = json.loads(Path(path).read_text())["categories"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{path}: not a categories file with a 'categories' map ({err!r})") from None
-    if not isinstance(categories, dict) or not all(isinstance(v, list) for v in categories.values()):
-        raise ValueError(f"{path}: 'categories' must map each category to a list of task labels")
-    return categories
-
-
 def prepare_rows(rows, source="runs"):
     """Canonical copies of train.py rows: int r, r_bwd, the injection, and finite positive n_params, n_once,
     n_rec, tokens, flops_budget, val_loss (N_once, N_rec may be 0). ValueError names the first run lacking one."""
@@ -202,33 +192,31 @@ def prepare_rows(rows, source="runs"):
     return out
 
 
-def category_losses(eval_rows, categories):
-    """The paper's category loss (App. I.1): the unweighted mean of its tasks' gold-continuation losses,
-    per (run_id, r) of evaluate.py's rows. `categories` maps a category to its task labels; a run counts
-    for a category only if it has a row for every one of them. Returns {(run_id, r): {category: loss}}."""
-    task_loss = {}
-    for row in eval_rows:
-        losses = task_loss.setdefault((row["run_id"], int(row["r"])), {})
-        losses[row["task"]] = float(row["loss"])
-    out = {}
-    for key, losses in task_loss.items():
-        for category, tasks in categories.items():
-            if tasks and all(task in losses for task in tasks):
-                out.setdefault(key, {})[category] = sum(losses[task] for task in tasks) / len(tasks)
-    return out
-
-
 # ----------------------------------------------------------------------------------------------
 # The analysis of one sweep, and its report
 
-def analyse(rows, restarts=500, boot=200, boot_restarts=16, seed=0, workers=1, delta=HUBER_DELTA):
+@dataclass(frozen=True)
+class FitOptions:
+    """How each fit of one sweep searches (§4.2, App. G.2): the protocol's 500 random L-BFGS-B restarts per
+    fit, 200 block-bootstrap resamples, each refit from the full fit's local optima plus 16 random starts
+    (checked to land on the 500-restart optimum: tests/test_fit_laws.py, dev/bench_fit.py), Huber's delta.
+    `workers` (processes) changes how fast, not what: it is not part of a stored analysis' fingerprint."""
+    restarts: int = 500
+    bootstrap: int = 200
+    boot_restarts: int = 16
+    seed: int = 0
+    delta: float = HUBER_DELTA
+    workers: int = 1
+
+
+def analyse(rows, options=FitOptions()):
     """Per-architecture fits, joint fit, restricted fits at phi = 0 and 1, residuals by r, budget halves,
     bootstrap and frontier for one sweep (§4.2–4.3). A dict; per_arch is keyed by arch_key."""
     groups = by_arch(rows)
-    budgets = budget_levels(_column(rows, "flops_budget"))[1]
+    budgets = budget_levels(column(rows, "flops_budget"))[1]
     if len(budgets) < 2:
         raise ValueError("all runs share one compute budget; the laws need at least two")
-    res = {
+    analysis = {
         "n_runs": len(rows),
         "groups": {arch_label(k): len(v) for k, v in groups.items()},
         "budgets": budgets.tolist(),
@@ -238,43 +226,55 @@ def analyse(rows, restarts=500, boot=200, boot_restarts=16, seed=0, workers=1, d
         "restricted": {},
         "halves": {},
     }
-    for key, grp in groups.items():
-        N, D, L, C = (_column(grp, k) for k in ("n_params", "tokens", "val_loss", "flops_budget"))
+    for key, group_rows in groups.items():
+        N, D, L, C = (column(group_rows, k) for k in ("n_params", "tokens", "val_loss", "flops_budget"))
         try:
-            res["per_arch"][key] = fit_chinchilla(N, D, L, restarts, seed, workers, C, delta)
+            analysis["per_arch"][key] = fit_chinchilla(N, D, L, options.restarts, options.seed, options.workers, C,
+                                                       options.delta)
         except ValueError as err:
-            res["notes"].append(f"{arch_label(key)}: no per-architecture fit ({err})")
+            analysis["notes"].append(f"{arch_label(key)}: no per-architecture fit ({err})")
     loop_counts = [key[0] for key in groups]
     shared = [arch_label(key) for key in groups if loop_counts.count(key[0]) > 1]
     if len(set(loop_counts)) < 2:
-        res["notes"].append("joint law skipped: it needs runs at two or more loop counts r")
+        analysis["notes"].append("joint law skipped: it needs runs at two or more loop counts r")
     elif shared:
         raise ValueError(f"joint law needs one architecture per r, not {', '.join(shared)}: fit each grid on its own")
     else:
-        _analyse_joint(res, rows, restarts, boot, boot_restarts, seed, workers, delta)
-    if not res["per_arch"] and res["joint"] is None:
-        raise ValueError("nothing to fit: " + "; ".join(res["notes"]))
-    res["frontier"] = compute_frontier(rows, res["per_arch"], res["joint"], budgets)
-    return res
+        analyse_joint(analysis, rows, options)
+    if not analysis["per_arch"] and analysis["joint"] is None:
+        raise ValueError("nothing to fit: " + "; ".join(analysis["notes"]))
+    analysis["frontier"] = compute_frontier(rows, analysis["per_arch"], analysis["joint"], budgets)
+    return analysis
 
 
-def _analyse_joint(res, rows, restarts, boot, boot_restarts, seed, workers, delta):
-    """The joint-law part of analyse, into `res`: the free and restricted fits, residuals, halves, bootstrap."""
+def analyse_joint(analysis, rows, options):
+    """The joint-law part of analyse, into `analysis`: the free and restricted fits (phi = 0: loops add
+    nothing; phi = 1: a loop is worth a unique block), residuals by r, the budget halves (App. G.3), the
+    bootstrap (App. G.2)."""
+    restarts, seed, workers, delta = options.restarts, options.seed, options.workers, options.delta
     joint = fit_joint(rows, restarts, seed, None, workers, delta)
-    res["joint"] = joint
+    analysis["joint"] = joint
     for phi in (0.0, 1.0):
-        res["restricted"][f"phi={phi:g}"] = fit_joint(rows, restarts, seed, phi, workers, delta)
-    res["residuals_by_r"] = residuals_by_r(joint, rows) if joint["converged"] else []
+        analysis["restricted"][f"phi={phi:g}"] = fit_joint(rows, restarts, seed, phi, workers, delta)
+    analysis["residuals_by_r"] = []
+    if joint["converged"]:
+        analysis["residuals_by_r"] = residuals_by_r(joint, rows)
     for name, (part, part_budgets) in zip(("low", "high"), budget_halves(rows)):
         try:
             half = fit_joint(part, restarts, seed, None, workers, delta)
         except ValueError as err:
-            res["notes"].append(f"{name}-budget half: no refit ({err})")
+            analysis["notes"].append(f"{name}-budget half: no refit ({err})")
             continue
         half["budgets"] = part_budgets.tolist()
-        res["halves"][name] = half
-    if boot and joint["converged"]:
-        res["bootstrap"] = bootstrap_joint(rows, joint, boot, boot_restarts, seed, workers, delta)
+        analysis["halves"][name] = half
+    if options.bootstrap and joint["converged"]:
+        analysis["bootstrap"] = bootstrap_joint(rows, joint, options.bootstrap, options.boot_restarts, seed, workers,
+                                                delta)
+
+
+def frontier_points(analysis, law, key=None):
+    """The frontier points of one law ("per_arch" or "joint") and, given `key`, of one architecture."""
+    return [pt for pt in analysis["frontier"] if pt["law"] == law and (key is None or arch_key(pt) == key)]
 
 
 def _fmt_fit(fit, phi=True):
@@ -287,7 +287,7 @@ def _fmt_fit(fit, phi=True):
     return text
 
 
-def _si(x):
+def short_count(x):
     """15.7k, 98.3M, 3.81B: counts from CPU-scale to paper-scale grids."""
     for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= div:
@@ -298,32 +298,32 @@ def _si(x):
 CI_FORMATS = (("phi", ".4f"), ("E", ".4f"), ("A", ".4g"), ("alpha", ".4f"), ("B", ".4g"), ("beta", ".4f"))
 
 
-def report(res, title, p=print):
-    b, joint = res["budgets"], res["joint"]
-    notes = "".join(f"\n   note: {note}" for note in res["notes"])
-    p(f"== {title}: {res['n_runs']} runs, {len(res['groups'])} architectures, {len(b)} budgets "
+def report(analysis, title, say=print):
+    b, joint = analysis["budgets"], analysis["joint"]
+    notes = "".join(f"\n   note: {note}" for note in analysis["notes"])
+    say(f"== {title}: {analysis['n_runs']} runs, {len(analysis['groups'])} architectures, {len(b)} budgets "
       f"({b[0]:.3g} .. {b[-1]:.3g} FLOPs){notes}")
-    p("\nPer-architecture Chinchilla fits  L = E + A N^-alpha + B D^-beta  (Huber on log L, best of the restarts; "
+    say("\nPer-architecture Chinchilla fits  L = E + A N^-alpha + B D^-beta  (Huber on log L, best of the restarts; "
       "hits = restarts reaching the optimum)")
-    for key, fit in res["per_arch"].items():
-        p(f"  {arch_label(key):<18} {fit['n_runs']:>4} runs  {_fmt_fit(fit)}  hits {fit['hits']}/{fit['restarts']}")
+    for key, fit in analysis["per_arch"].items():
+        say(f"  {arch_label(key):<18} {fit['n_runs']:>4} runs  {_fmt_fit(fit)}  hits {fit['hits']}/{fit['restarts']}")
     if joint is not None:
-        p("\nJoint law  L = E + A (N_once + r^phi N_rec)^-alpha + B D^-beta  (one law for every r)")
+        say("\nJoint law  L = E + A (N_once + r^phi N_rec)^-alpha + B D^-beta  (one law for every r)")
         if joint["converged"]:
-            _report_joint(res, p)
+            _report_joint(analysis, say)
         else:
-            p(f"  {_fmt_fit(joint)}")
-    if res["halves"]:
-        p("\nBudget halves (joint law refit on each half of the sorted budgets)")
-    for name, fit in res["halves"].items():
+            say(f"  {_fmt_fit(joint)}")
+    if analysis["halves"]:
+        say("\nBudget halves (joint law refit on each half of the sorted budgets)")
+    for name, fit in analysis["halves"].items():
         span = f"C in [{fit['budgets'][0]:.3g}, {fit['budgets'][-1]:.3g}]"
-        p(f"  {name:<5} {span:<24}{fit['n_runs']:>4} runs  {_fmt_fit(fit)}")
-    _report_frontier(res, p)
+        say(f"  {name:<5} {span:<24}{fit['n_runs']:>4} runs  {_fmt_fit(fit)}")
+    _report_frontier(analysis, say)
 
 
-def _report_joint(res, p):
+def _report_joint(analysis, say):
     """The converged joint law with its CIs, the restricted fits and the residuals by r."""
-    joint, boot = res["joint"], res.get("bootstrap") or {}
+    joint, boot = analysis["joint"], analysis.get("bootstrap") or {}
     ci = {}
     for k, f in CI_FORMATS:
         ci[k] = ""
@@ -331,26 +331,26 @@ def _report_joint(res, p):
             lo, hi = boot[k + "_ci"]
             ci[k] = f" [{lo:{f}}, {hi:{f}}]"
     powers = ", ".join(f"{r}^phi = {r ** joint['phi']:.3f}" for r in (2, 4, 8))
-    p(f"  phi   = {joint['phi']:.4f}{ci['phi']}   (r^phi: {powers})\n"
+    say(f"  phi   = {joint['phi']:.4f}{ci['phi']}   (r^phi: {powers})\n"
       f"  E     = {joint['E']:.4f}{ci['E']}\n"
       f"  A     = {joint['A']:.4g}{ci['A']}   alpha = {joint['alpha']:.4f}{ci['alpha']}\n"
       f"  B     = {joint['B']:.4g}{ci['B']}   beta  = {joint['beta']:.4f}{ci['beta']}\n"
       f"  R2 {joint['r2']:.5f}  RMSE {joint['rmse']:.4f} nats  max |resid| {joint['max_abs_resid']:.4f}  "
       f"objective {joint['objective']:.6g}  hits {joint['hits']}/{joint['restarts']}")
     if min(abs(joint["phi"] - BOX_LO[5]), abs(joint["phi"] - BOX_HI[5])) < 1e-6:  # the box's answer, not the data's
-        p(f"  !! phi sits on the edge of its box [{BOX_LO[5]:g}, {BOX_HI[5]:g}]: these runs do not identify phi "
+        say(f"  !! phi sits on the edge of its box [{BOX_LO[5]:g}, {BOX_HI[5]:g}]: these runs do not identify phi "
           "(e.g. minima not bracketed, or looping adds nothing measurable)")
     if boot:
-        p(f"  95% CIs: block bootstrap, {boot['resamples']} resamples of {boot['cells']} (budget, r) cells, each "
+        say(f"  95% CIs: block bootstrap, {boot['resamples']} resamples of {boot['cells']} (budget, r) cells, each "
           f"refit from the full fit's local optima + {boot['restarts']} random starts; {boot['frac_phi_le_0']:.0%} "
           f"of resamples reach phi <= 0, {boot['frac_phi_ge_1']:.0%} phi >= 1; {boot['not_converged']} did not "
           "converge")
-    p("\nRestricted fits (same data, phi held fixed)")
-    for name, fit in [*res["restricted"].items(), ("free", joint)]:
-        p(f"  {name:<8}" + _fmt_fit(fit, phi=False))
-    p("\nJoint-fit residuals by r (actual - predicted, nats)\n    r  runs     RMSE     mean   max|.|")
-    for t in res["residuals_by_r"]:
-        p(f"  {t['r']:>3}{t['runs']:>6}{t['rmse']:>9.4f}{t['mean']:>+9.4f}{t['max_abs']:>9.4f}")
+    say("\nRestricted fits (same data, phi held fixed)")
+    for name, fit in [*analysis["restricted"].items(), ("free", joint)]:
+        say(f"  {name:<8}" + _fmt_fit(fit, phi=False))
+    say("\nJoint-fit residuals by r (actual - predicted, nats)\n    r  runs     RMSE     mean   max|.|")
+    for t in analysis["residuals_by_r"]:
+        say(f"  {t['r']:>3}{t['runs']:>6}{t['rmse']:>9.4f}{t['mean']:>+9.4f}{t['max_abs']:>9.4f}")
 
 
 def _fmt_gap(gap, r):
@@ -360,91 +360,99 @@ def _fmt_gap(gap, r):
     return f"{gap:+.4f}"
 
 
-def _report_frontier(res, p):
+def _report_frontier(analysis, say):
     """One row per (budget, architecture): the per-architecture law's optimum (the paper's Figure 4) and,
     last column, the gap the joint law predicts; --json keeps both in full."""
     joint_gap = {}
-    for pt in _frontier_points(res, "joint"):
+    for pt in frontier_points(analysis, "joint"):
         joint_gap[pt["budget"], arch_key(pt)] = pt["gap_to_r1"]
-    points = _frontier_points(res, "per_arch") or res["frontier"]
+    points = frontier_points(analysis, "per_arch") or analysis["frontier"]
     if points:
-        p(f"\nCompute-optimal frontier: min over width of L(N, C/F(N)) with the {points[0]['law'].replace('_', '-')} "
+        say(f"\nCompute-optimal frontier: min over width of L(N, C/F(N)) with the {points[0]['law'].replace('_', '-')} "
           "law(s); F(N) from flops.py; gap = L* - L*(r=1) at the same budget\n"
           "     budget  architecture             N*     s*       D*  D*/N*      L*     gap joint gap")
     for pt in sorted(points, key=lambda pt: (pt["budget"], arch_key(pt))):
         key = arch_key(pt)
         gap = _fmt_gap(pt["gap_to_r1"], pt["r"])
         gap_joint = _fmt_gap(joint_gap.get((pt["budget"], key)), pt["r"])
-        line = (f"  {pt['budget']:>9.3g}  {arch_label(key):<18}{_si(pt['N_star']):>9}{pt['scale_star']:>7.3g}"
-                f"{_si(pt['D_star']):>9}{pt['D_star'] / pt['N_star']:>7.1f}{pt['L_star']:>8.4f}{gap:>8}{gap_joint:>10}")
+        line = (f"  {pt['budget']:>9.3g}  {arch_label(key):<18}{short_count(pt['N_star']):>9}{pt['scale_star']:>7.3g}"
+                f"{short_count(pt['D_star']):>9}{pt['D_star'] / pt['N_star']:>7.1f}{pt['L_star']:>8.4f}{gap:>8}{gap_joint:>10}")
         if pt["at_edge"]:
             line += "  (at edge of width family)"
-        p(line.rstrip())
+        say(line.rstrip())
 
 
-def report_delta_phi(res, other, name_a, name_b, p=print):
+def report_delta_phi(analysis, other, name_a, name_b, say=print):
     """delta-phi = phi(b) - phi(a), with the bootstrap CI where both sweeps have one (§5: the diagnostic the paper proposes)."""
-    if res["joint"] is None or other["joint"] is None:
+    if analysis["joint"] is None or other["joint"] is None:
         raise ValueError("--compare needs a joint-law fit of both sweeps")
-    if res.get("bootstrap") and other.get("bootstrap"):
-        d = compare_phi(res["bootstrap"], other["bootstrap"], res["joint"], other["joint"])
+    if analysis.get("bootstrap") and other.get("bootstrap"):
+        d = compare_phi(analysis["bootstrap"], other["bootstrap"], analysis["joint"], other["joint"])
         lo, hi = d["delta_phi_ci"]
         verdict = "excludes 0" if d["excludes_zero"] else "includes 0"
         ci = (f", 95% CI [{lo:+.4f}, {hi:+.4f}] ({verdict}; independent resamples, conservative when the sweeps "
               "share r = 1 runs)")
     else:
-        d = {"delta_phi": other["joint"]["phi"] - res["joint"]["phi"], "delta_phi_ci": None}
+        d = {"delta_phi": other["joint"]["phi"] - analysis["joint"]["phi"], "delta_phi_ci": None}
         ci = " (no CI: --bootstrap 0, or a joint fit did not converge)"
-    p(f"\nDelta-phi = phi({name_b}) - phi({name_a}) = {other['joint']['phi']:.4f} - {res['joint']['phi']:.4f} = "
+    say(f"\nDelta-phi = phi({name_b}) - phi({name_a}) = {other['joint']['phi']:.4f} - {analysis['joint']['phi']:.4f} = "
       f"{d['delta_phi']:+.4f}{ci}")
     return d
 
 
-def report_equivalence(eq, p=print):
-    sl, sf = eq["same_loss"], eq["same_flops"]
-    p(f"\nEquivalence at r = {eq['r']}, s = {eq['scale']} (d = {64 * eq['scale']}), phi = {eq['phi']:.4f}\n"
-      f"  looped model   N = {_si(eq['N'])} (N_once {_si(eq['n_once'])} + N_rec {_si(eq['n_rec'])}), N_eff = "
-      f"N_once + r^phi N_rec = {_si(eq['n_eff'])}, F = {eq['flops_per_token']:.4g} FLOPs/token\n"
-      f"  same loss      non-looped N = {_si(sl['N'])} (s = {sl['scale']:.2f}, F = {sl['flops_per_token']:.4g})\n"
-      f"  same FLOPs     non-looped N = {_si(sf['N'])} (s = {sf['scale']:.2f}; the same-width r = 1 model has "
-      f"N = {_si(eq['same_width']['N'])})\n"
-      f"  -> trains at the cost of a {_si(sf['N'])} non-looped model and reaches the loss of a {_si(sl['N'])} one")
+def report_equivalence(eq, say=print):
+    same_loss, same_flops = eq["same_loss"], eq["same_flops"]
+    say(f"\nEquivalence at r = {eq['r']}, s = {eq['scale']} (d = {64 * eq['scale']}), phi = {eq['phi']:.4f}\n"
+      f"  looped model   N = {short_count(eq['N'])} (N_once {short_count(eq['n_once'])} + N_rec {short_count(eq['n_rec'])}), N_eff = "
+      f"N_once + r^phi N_rec = {short_count(eq['n_eff'])}, F = {eq['flops_per_token']:.4g} FLOPs/token\n"
+      f"  same loss      non-looped N = {short_count(same_loss['N'])} (s = {same_loss['scale']:.2f}, F = {same_loss['flops_per_token']:.4g})\n"
+      f"  same FLOPs     non-looped N = {short_count(same_flops['N'])} (s = {same_flops['scale']:.2f}; the same-width r = 1 model has "
+      f"N = {short_count(eq['same_width']['N'])})\n"
+      f"  -> trains at the cost of a {short_count(same_flops['N'])} non-looped model and reaches the loss of a {short_count(same_loss['N'])} one")
 
 
 # ----------------------------------------------------------------------------------------------
 # Plots
 
-def _run_colours(rows, level, colours, key):
-    """The budget colour of each run of architecture `key`, in by_arch's order."""
-    return [colours[lv] for row, lv in zip(rows, level) if arch_key(row) == key]
+@dataclass
+class BudgetColours:
+    """Each run's budget (its index into `budgets`) and the colour of each budget, shared by the figures."""
+    level: list
+    budgets: list
+    colours: list
+
+    def of_runs(self, rows, key):
+        """The budget colour of each run of architecture `key`, in by_arch's order."""
+        return [self.colours[lv] for row, lv in zip(rows, self.level) if arch_key(row) == key]
 
 
-def plot_isoflop(plt, res, rows, level, budgets, colours, title):
+def plot_isoflop(plt, analysis, rows, by_budget, title):
     """One panel per architecture: its runs (colour = budget), its own law along the width family at
     D = C / F(N) for every budget, and the law's compute-optimal N* (stars); y limited to the runs."""
     from matplotlib.lines import Line2D
     groups = by_arch(rows)
     fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 4.4), sharey=True, squeeze=False)
-    for ax, (key, grp) in zip(axes[0], groups.items()):
-        N_runs = _column(grp, "n_params")
-        ax.scatter(N_runs, _column(grp, "val_loss"), c=_run_colours(rows, level, colours, key),
+    for ax, (key, group_rows) in zip(axes[0], groups.items()):
+        N_runs = column(group_rows, "n_params")
+        ax.scatter(N_runs, column(group_rows, "val_loss"), c=by_budget.of_runs(rows, key),
                    marker=MARKER_OF_R.get(key[0], "v"), edgecolors="black", linewidths=0.4, zorder=3)
-        fit, fam = res["per_arch"].get(key), family_for_group(grp)
-        if fit is not None and fit["converged"] and fam is not None:
+        fit, family = analysis["per_arch"].get(key), family_for_group(group_rows)
+        if fit is not None and fit["converged"] and family is not None:
             N = np.geomspace(0.6 * N_runs.min(), 1.6 * N_runs.max(), 200)
-            N = N[(N >= fam["N"][0]) & (N <= fam["N"][-1])]
-            for j, C in enumerate(budgets):
-                D = C / np.interp(N, fam["N"], fam["F"])
-                ax.plot(N, law_loss(fit, N, 0, 1, D), color=colours[j], lw=1)
-        stars = _frontier_points(res, "per_arch", key)
+            N = N[(N >= family["N"][0]) & (N <= family["N"][-1])]
+            for j, C in enumerate(by_budget.budgets):
+                D = C / np.interp(N, family["N"], family["F"])
+                ax.plot(N, law_loss(fit, N, 0, 1, D), color=by_budget.colours[j], lw=1)
+        stars = frontier_points(analysis, "per_arch", key)
         ax.scatter([pt["N_star"] for pt in stars], [pt["L_star"] for pt in stars], marker="*", s=110,
                    color="red", edgecolors="black", linewidths=0.4, zorder=4)
         ax.set(xscale="log", title=arch_label(key), xlabel="non-embedding parameters N")
-    losses = _column(rows, "val_loss")
+    losses = column(rows, "val_loss")
     margin = 0.08 * (losses.max() - losses.min()) + 0.01
     axes[0][0].set_ylim(losses.min() - margin, losses.max() + margin)  # the curves rise far off the data
     axes[0][0].set_ylabel("validation loss (nats)")
-    handles = [Line2D([], [], color=colours[j], lw=2, label=f"C = {C:.3g} FLOPs") for j, C in enumerate(budgets)]
+    handles = [Line2D([], [], color=by_budget.colours[j], lw=2, label=f"C = {C:.3g} FLOPs")
+               for j, C in enumerate(by_budget.budgets)]
     handles.append(Line2D([], [], ls="", marker="o", color="grey", label="runs (marker = r, colour = C)"))
     handles.append(Line2D([], [], ls="", marker="*", ms=11, color="red", label="law's compute-optimal N*"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
@@ -453,28 +461,29 @@ def plot_isoflop(plt, res, rows, level, budgets, colours, title):
     return fig
 
 
-def plot_pred_vs_actual(plt, res, rows, level, budgets, colours, title):
+def plot_pred_vs_actual(plt, analysis, rows, by_budget, title):
     """Every run's loss against the joint law's prediction (else its architecture's law)."""
     from matplotlib.lines import Line2D
     fig, ax = plt.subplots(figsize=(5.6, 5.0))
     handles = []
-    for key, grp in by_arch(rows).items():
-        law = res["joint"] or res["per_arch"].get(key)
+    for key, group_rows in by_arch(rows).items():
+        law = analysis["joint"] or analysis["per_arch"].get(key)
         if law is None or not law["converged"]:
             continue
-        c = {k: _column(grp, k) for k in ("n_params", "n_once", "n_rec", "r", "tokens")}
-        if res["joint"]:
+        c = {k: column(group_rows, k) for k in ("n_params", "n_once", "n_rec", "r", "tokens")}
+        if analysis["joint"]:
             predicted = law_loss(law, c["n_once"], c["n_rec"], c["r"], c["tokens"])
         else:
             predicted = law_loss(law, c["n_params"], 0, 1, c["tokens"])
         marker = MARKER_OF_R.get(key[0], "v")
-        ax.scatter(predicted, _column(grp, "val_loss"), c=_run_colours(rows, level, colours, key), marker=marker,
+        ax.scatter(predicted, column(group_rows, "val_loss"), c=by_budget.of_runs(rows, key), marker=marker,
                    edgecolors="black", linewidths=0.4)
         handles.append(Line2D([], [], ls="", marker=marker, color="grey", label=arch_label(key)))
-    handles += [Line2D([], [], color=colours[j], lw=3, label=f"C = {C:.3g}") for j, C in enumerate(budgets)]
-    losses = _column(rows, "val_loss")
+    handles += [Line2D([], [], color=by_budget.colours[j], lw=3, label=f"C = {C:.3g}")
+                for j, C in enumerate(by_budget.budgets)]
+    losses = column(rows, "val_loss")
     ax.plot([losses.min(), losses.max()], [losses.min(), losses.max()], "k--", lw=0.8)
-    law_name = "joint law" if res["joint"] else "per-architecture laws"
+    law_name = "joint law" if analysis["joint"] else "per-architecture laws"
     ax.set(xlabel=f"predicted loss, {law_name} (nats)", ylabel="actual validation loss (nats)",
            title=f"{title}: {law_name}, predicted vs actual")
     ax.legend(handles=handles, fontsize=7, title="marker = architecture, colour = budget", title_fontsize=7)
@@ -482,13 +491,13 @@ def plot_pred_vs_actual(plt, res, rows, level, budgets, colours, title):
     return fig
 
 
-def plot_frontier(plt, res, budgets, title):
+def plot_frontier(plt, analysis, budgets, title):
     """L*, N*, D* of each architecture's compute-optimal point against the budget (per-architecture laws)."""
     from matplotlib.ticker import NullFormatter
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
-    keys = sorted({arch_key(pt) for pt in _frontier_points(res, "per_arch")})
+    keys = sorted({arch_key(pt) for pt in frontier_points(analysis, "per_arch")})
     for key in keys:
-        pts = _frontier_points(res, "per_arch", key)
+        pts = frontier_points(analysis, "per_arch", key)
         for ax, k in zip(axes, ("L_star", "N_star", "D_star")):
             ax.plot([pt["budget"] for pt in pts], [pt[k] for pt in pts], marker=MARKER_OF_R.get(key[0], "v"),
                     label=arch_label(key))
@@ -507,18 +516,19 @@ def plot_frontier(plt, res, budgets, title):
     return fig
 
 
-def make_plots(res, rows, outdir, title, results):
+def make_plots(analysis, rows, outdir, title, results):
     """isoflop.png, pred_vs_actual.png, frontier.png and, for the runs whose training curve is found beside
     `results` (curves.py), curves.png in outdir; `title` names the grid. Returns the names written."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    level, budgets = budget_levels(_column(rows, "flops_budget"))
+    level, budgets = budget_levels(column(rows, "flops_budget"))
     colours = [plt.get_cmap("viridis")(j / max(1, len(budgets) - 1)) for j in range(len(budgets))]
+    by_budget = BudgetColours(level, budgets, colours)
     figures = {
-        "isoflop.png": plot_isoflop(plt, res, rows, level, budgets, colours, title),
-        "pred_vs_actual.png": plot_pred_vs_actual(plt, res, rows, level, budgets, colours, title),
-        "frontier.png": plot_frontier(plt, res, budgets, title),
+        "isoflop.png": plot_isoflop(plt, analysis, rows, by_budget, title),
+        "pred_vs_actual.png": plot_pred_vs_actual(plt, analysis, rows, by_budget, title),
+        "frontier.png": plot_frontier(plt, analysis, budgets, title),
     }
     found, notes = grid_curves(rows, results)
     for note in notes:
@@ -544,39 +554,39 @@ def resample_count(text):
 
 def parse_args(argv=None):
     # usage=SUPPRESS: --help opens with the examples above; a bad flag is one line (one_line_errors).
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, usage=argparse.SUPPRESS,
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, usage=argparse.SUPPRESS,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    one_line_errors(p, PROG)
-    p.add_argument("results", nargs="?", help="train.py's results file (JSONL)")
-    p.add_argument("--compare", metavar="FILE", help="second sweep: report delta-phi = phi(FILE) - phi(results)")
-    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
-    p.add_argument("--plots", metavar="DIR", help="write isoflop.png, pred_vs_actual.png, frontier.png and "
+    one_line_errors(parser, PROG)
+    parser.add_argument("results", nargs="?", help="train.py's results file (JSONL)")
+    parser.add_argument("--compare", metavar="FILE", help="second sweep: report delta-phi = phi(FILE) - phi(results)")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    parser.add_argument("--plots", metavar="DIR", help="write isoflop.png, pred_vs_actual.png, frontier.png and "
                    "curves.png (the runs' training curves, where their logs are found)")
-    p.add_argument("--only-r", metavar="LIST", type=positive_int_list, help="keep only these r, e.g. 1,4,8")
-    p.add_argument("--restarts", type=positive_int, default=500, help="random L-BFGS-B restarts per fit (paper: 500)")
-    p.add_argument("--bootstrap", type=resample_count, default=200, metavar="N",
+    parser.add_argument("--only-r", metavar="LIST", type=positive_int_list, help="keep only these r, e.g. 1,4,8")
+    parser.add_argument("--restarts", type=positive_int, default=500, help="random L-BFGS-B restarts per fit (paper: 500)")
+    parser.add_argument("--bootstrap", type=resample_count, default=200, metavar="N",
                    help="block-bootstrap resamples (paper: 200)")
-    p.add_argument("--seed", type=int, default=0, help="seed of restarts and resamples (results are deterministic)")
-    p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, help="processes for the fits")
-    p.add_argument("--equiv", nargs=2, type=positive_int, metavar=("R", "S"),
+    parser.add_argument("--seed", type=int, default=0, help="seed of restarts and resamples (results are deterministic)")
+    parser.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, help="processes for the fits")
+    parser.add_argument("--equiv", nargs=2, type=positive_int, metavar=("R", "S"),
                    help="equivalence calculator for a looped model with r = R at width s = S")
-    p.add_argument("--phi", type=finite_float, help="phi for --equiv (else fitted)")
-    p.add_argument("--allow-mixed", action="store_true",
+    parser.add_argument("--phi", type=finite_float, help="phi for --equiv (else fitted)")
+    parser.add_argument("--allow-mixed", action="store_true",
                    help="fit or compare runs of another vocab, seq len, depth, dataset or eval rows all the same")
-    g = p.add_argument_group("downstream loss instead of validation loss (App. I)")
+    g = parser.add_argument_group("downstream loss instead of validation loss (App. I)")
     g.add_argument("--evals", metavar="FILE", help="evaluate.py's rows (joined to the runs by run_id)")
     g.add_argument("--metric", help="a category of --categories (e.g. reading_comp) or a task label")
-    g.add_argument("--categories", metavar="FILE", default=str(DEFAULT_CATEGORIES),
+    g.add_argument("--categories", metavar="FILE", default=str(CATEGORIES),
                    help="the task -> category map (default data/eval/categories.json)")
-    args = p.parse_args(argv)
+    args = parser.parse_args(argv)
     if args.only_r == []:
-        p.error("argument --only-r: expected loop counts like 1,4,8")
+        parser.error("argument --only-r: expected loop counts like 1,4,8")
     if bool(args.evals) != bool(args.metric):
-        p.error("--evals and --metric go together")
+        parser.error("--evals and --metric go together")
     if (args.results is None and not args.equiv) or (args.compare and not args.results):
-        p.error("give a results file (or --equiv R S --phi X)")
+        parser.error("give a results file (or --equiv R S --phi X)")
     if args.results is None and args.equiv and args.phi is None:
-        p.error("--equiv without a results file needs --phi")
+        parser.error("--equiv without a results file needs --phi")
     return args
 
 
@@ -615,17 +625,17 @@ def _without(d, key):
     return {k: v for k, v in d.items() if k != key}
 
 
-def json_ready(res):
+def json_ready(analysis):
     """The analysis for --json: architectures by label (each with its key), CIs beside the joint fit, the
     bootstrap's draws (what a delta-phi needs), internals left out. restored_analysis reads it back."""
-    boot = res.get("bootstrap") or {}
-    out = dict(res)
-    out["per_arch"] = {arch_label(k): _without(v, "local_optima") | {"key": list(k)} for k, v in res["per_arch"].items()}
+    boot = analysis.get("bootstrap") or {}
+    out = dict(analysis)
+    out["per_arch"] = {arch_label(k): _without(v, "local_optima") | {"key": list(k)} for k, v in analysis["per_arch"].items()}
     out["bootstrap"] = boot or None
-    out["restricted"] = {k: _without(v, "local_optima") for k, v in res["restricted"].items()}
-    out["halves"] = {k: _without(v, "local_optima") for k, v in res["halves"].items()}
-    if res["joint"]:
-        out["joint"] = _without(res["joint"], "local_optima")
+    out["restricted"] = {k: _without(v, "local_optima") for k, v in analysis["restricted"].items()}
+    out["halves"] = {k: _without(v, "local_optima") for k, v in analysis["halves"].items()}
+    if analysis["joint"]:
+        out["joint"] = _without(analysis["joint"], "local_optima")
         for k in boot:
             if k.endswith("_ci"):
                 out["joint"][k] = boot[k]
@@ -669,23 +679,24 @@ def stored_analyses(results, json_out):
 
 def restored_analysis(stored):
     """The analysis dict analyse() returned, from its json_ready form (per_arch keyed by its key again)."""
-    res = dict(stored)
-    res["per_arch"] = {tuple(fit["key"]): _without(fit, "key") for fit in stored["per_arch"].values()}
-    return res
+    analysis = dict(stored)
+    analysis["per_arch"] = {tuple(fit["key"]): _without(fit, "key") for fit in stored["per_arch"].values()}
+    return analysis
 
 
-def reused_or_fitted(path, rows, options, workers, json_out):
+def reused_or_fitted(path, rows, options, notes, json_out):
     """The analysis of one sweep: one fit_laws.py stored for the same fingerprint, else analyse() now."""
-    fingerprint = analysis_fingerprint(rows, options)
+    recipe = asdict(options) | {"notes": notes}
+    del recipe["workers"]
+    fingerprint = analysis_fingerprint(rows, recipe)
     for file, stored in stored_analyses(path, json_out):
         if stored.get("fingerprint") == fingerprint:
             print(f"{PROG}: {path}: reused the analysis in {file} (same rows, options and fitting code)",
                   file=sys.stderr)
             return restored_analysis(stored)
-    res = analyse(rows, options["restarts"], options["bootstrap"], options["boot_restarts"], options["seed"],
-                  workers, options["delta"])
-    res["fingerprint"] = fingerprint
-    return res
+    analysis = analyse(rows, options)
+    analysis["fingerprint"] = fingerprint
+    return analysis
 
 
 def plot_title(results):
@@ -724,12 +735,11 @@ def fit_and_report(args):
     fits, out = [], {}
     for k, (path, rows, notes) in enumerate(sweeps):
         seed = args.seed + 1_000_003 * k  # the compared sweep's own restarts and resamples
-        options = {"restarts": args.restarts, "bootstrap": args.bootstrap, "boot_restarts": 16, "seed": seed,
-                   "delta": HUBER_DELTA, "notes": notes}
-        res = reused_or_fitted(path, rows, options, args.workers, args.json)
-        res["notes"] = notes + [note for note in res["notes"] if note not in notes]  # the loading notes first
-        report(res, str(path))
-        fits.append(res)
+        options = FitOptions(restarts=args.restarts, bootstrap=args.bootstrap, seed=seed, workers=args.workers)
+        analysis = reused_or_fitted(path, rows, options, notes, args.json)
+        analysis["notes"] = notes + [note for note in analysis["notes"] if note not in notes]  # the loading notes first
+        report(analysis, str(path))
+        fits.append(analysis)
     if fits:
         out = json_ready(fits[0])
     if args.compare:

@@ -65,7 +65,7 @@ def by_arch(rows):
     return dict(sorted(groups.items()))
 
 
-def _column(rows, key):
+def column(rows, key):
     """One field of every row, as a float array."""
     return np.array([float(row[key]) for row in rows])
 
@@ -292,7 +292,7 @@ def fit_chinchilla(N, D, L, restarts=500, seed=0, workers=1, C=None, delta=HUBER
 
 def _joint_arrays(rows):
     try:
-        return {k: _column(rows, k) for k in JOINT_FIELDS}
+        return {k: column(rows, k) for k in JOINT_FIELDS}
     except KeyError as err:
         raise ValueError(f"fit_joint: runs lack {err.args[0]}") from None
 
@@ -330,7 +330,7 @@ def residuals_by_r(fit, rows):
 
 def budget_halves(rows):
     """Rows and budgets of the lower and upper half of the budgets (paper G.3: C <= 2.15e18, C >= 4.64e18)."""
-    level, reps = budget_levels(_column(rows, "flops_budget"))
+    level, reps = budget_levels(column(rows, "flops_budget"))
     cut = len(reps) // 2
     low, high = [], []
     for row, lv in zip(rows, level):
@@ -346,8 +346,8 @@ def budget_halves(rows):
 
 def bootstrap_cells(rows):
     """Block structure of the bootstrap: each run's (budget, r) cell index and each cell's r."""
-    levels = budget_levels(_column(rows, "flops_budget"))[0].tolist()
-    cells = list(zip(levels, _column(rows, "r").astype(int).tolist()))
+    levels = budget_levels(column(rows, "flops_budget"))[0].tolist()
+    cells = list(zip(levels, column(rows, "r").astype(int).tolist()))
     keys = sorted(set(cells))
     cell_of_run = np.array([keys.index(cell) for cell in cells])
     r_of_cell = np.array([r for _, r in keys])
@@ -431,11 +431,11 @@ def width_family(row, max_scale=None):
         widths.append((d / 64, n["n_params"], n["n_once"], n["n_rec"], flops.flops_per_token(wide)))
     if len(widths) < 4:
         return None
-    fam = {}
+    family = {}
     for name, values in zip(("scale", "N", "n_once", "n_rec", "F"), zip(*widths)):
-        fam[name] = np.array(values, dtype=float)
-    fam["source"] = "flops.py"
-    return fam
+        family[name] = np.array(values, dtype=float)
+    family["source"] = "flops.py"
+    return family
 
 
 def family_for_group(rows):
@@ -449,15 +449,15 @@ def family_for_group(rows):
     return width_family(most_common[0], max_scale or None)
 
 
-def frontier_point(fit, fam, C, r=1, joint=False):
+def frontier_point(fit, family, C, r=1, joint=False):
     """Compute-optimal allocation at budget C: minimise L(N, C / F(N)) over the width family, interpolated
     monotonically (PCHIP) in log N. Returns N*, D*, L*, the width s* and whether N* is at the family's edge."""
-    logN = np.log(fam["N"])
-    logF = PchipInterpolator(logN, np.log(fam["F"]))
+    logN = np.log(family["N"])
+    logF = PchipInterpolator(logN, np.log(family["F"]))
     if joint:
-        neff = fam["n_once"] + r ** fit["phi"] * fam["n_rec"]
+        neff = family["n_once"] + r ** fit["phi"] * family["n_rec"]
     else:
-        neff = fam["N"]
+        neff = family["N"]
     logNeff = PchipInterpolator(logN, np.log(neff))
 
     def loss(lx):
@@ -474,7 +474,7 @@ def frontier_point(fit, fam, C, r=1, joint=False):
         "N_star": float(np.exp(lx)),
         "D_star": float(C / np.exp(logF(lx))),
         "L_star": float(loss(lx)),
-        "scale_star": float(PchipInterpolator(logN, fam["scale"])(lx)),
+        "scale_star": float(PchipInterpolator(logN, family["scale"])(lx)),
         "at_edge": i in (0, len(grid) - 1),
     }
 
@@ -483,13 +483,13 @@ def compute_frontier(rows, per_arch, joint_fit, budgets):
     """Frontier per architecture and budget from its own law and the joint law, with the gap to r = 1."""
     out = []
     for key, grp in by_arch(rows).items():
-        fam = family_for_group(grp)
+        family = family_for_group(grp)
         for law, fit in (("per_arch", per_arch.get(key)), ("joint", joint_fit)):
-            if fam is None or fit is None or not fit["converged"]:
+            if family is None or fit is None or not fit["converged"]:
                 continue
             for C in budgets:
                 point = {"law": law, "r": key[0], "r_bwd": key[1], "injection": key[2], "budget": float(C)}
-                point.update(frontier_point(fit, fam, C, key[0], law == "joint"))
+                point.update(frontier_point(fit, family, C, key[0], law == "joint"))
                 out.append(point)
     baseline = {}  # (law, budget) -> L* of r = 1
     for p in out:
@@ -501,25 +501,20 @@ def compute_frontier(rows, per_arch, joint_fit, budgets):
     return out
 
 
-def _frontier_points(res, law, key=None):
-    """The frontier points of one law (and one architecture)."""
-    return [pt for pt in res["frontier"] if pt["law"] == law and (key is None or arch_key(pt) == key)]
-
-
 # ----------------------------------------------------------------------------------------------
 # Equivalence calculator (iso-depth §1, App. G.5)
 
 EQUIV_LAYOUT = ("injection", "hc_lanes", "depth", "prelude", "coda", "head_dim", "vocab_size", "seq_len")
 
 
-def _same_as_r1(fam, key, target):
-    """The r = 1 model of a width family at which fam[key] = target, interpolated in log space."""
-    xs, x = np.log(fam[key]), math.log(target)
+def _same_as_r1(family, key, target):
+    """The r = 1 model of a width family at which family[key] = target, interpolated in log space."""
+    xs, x = np.log(family[key]), math.log(target)
     if not xs[0] <= x <= xs[-1]:
         raise ValueError(f"equivalence: {key} = {target:.4g} lies outside the width family")
-    return {"N": float(np.exp(PchipInterpolator(xs, np.log(fam["N"]))(x))),
-            "scale": float(PchipInterpolator(xs, fam["scale"])(x)),
-            "flops_per_token": float(np.exp(PchipInterpolator(xs, np.log(fam["F"]))(x)))}
+    return {"N": float(np.exp(PchipInterpolator(xs, np.log(family["N"]))(x))),
+            "scale": float(PchipInterpolator(xs, family["scale"])(x)),
+            "flops_per_token": float(np.exp(PchipInterpolator(xs, np.log(family["F"]))(x)))}
 
 
 def equivalence(r, scale, phi, layout=None):
@@ -536,7 +531,7 @@ def equivalence(r, scale, phi, layout=None):
             row[k] = kw[k]
     same_width = _config_from_row(row)
     row["n_params"] = flops.param_counts(same_width)["n_params"]
-    fam = width_family(row, max_scale=max(8 * int(scale), 64))
+    family = width_family(row, max_scale=max(8 * int(scale), 64))
     return {
         "r": looped.r,
         "scale": looped.scale,
@@ -546,8 +541,8 @@ def equivalence(r, scale, phi, layout=None):
         "n_rec": counts["n_rec"],
         "n_eff": n_eff,
         "flops_per_token": F,
-        "same_loss": _same_as_r1(fam, "N", n_eff),
-        "same_flops": _same_as_r1(fam, "F", F),
+        "same_loss": _same_as_r1(family, "N", n_eff),
+        "same_flops": _same_as_r1(family, "F", F),
         "same_width": {"N": row["n_params"], "scale": looped.scale,
                        "flops_per_token": flops.flops_per_token(same_width)},
     }

@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from flops import ModelConfig
+from fused_loss import LinearSoftcapCrossEntropy
 from muonh import GROUP_NAMES
 
 LOGIT_SOFTCAP = 15.0
@@ -237,51 +238,6 @@ def sample_next(logits, temperature, top_k, generator):
 # ----------------------------------------------------------------------------------------------
 # The looped model
 
-class LinearSoftcapCrossEntropy(torch.autograd.Function):
-    """The training loss on CPU: mean cross-entropy of the soft-capped logits 15 tanh(h W^T / 15) against the
-    targets, what lm_head + softcapped_logits + F.cross_entropy compute, in blocks of rows whose logits fit
-    in a core's cache, with the gradients of h and W computed in the same pass: no (tokens x vocab) tensor
-    is ever stored, and the logits' elementwise passes, which dominate a CPU step at small widths, run from
-    cache (dev/bench_train.py). The same matmuls as lm_head's forward and backward (flops.py's count).
-    Two identities carry the arithmetic: 15 tanh(z / 15) = 30 sigmoid(2z / 15) - 15 (CPU's sigmoid is ~6x
-    its tanh), and the cap bounds every logit by 15, so the softmax needs no max-shift."""
-
-    @staticmethod
-    def forward(ctx, h, weight, targets, vocab_size):
-        n, padded = h.size(0), weight.size(0)
-        grad_h, grad_weight = None, None
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            grad_h = torch.empty_like(h)
-            grad_weight = torch.zeros_like(weight)
-        rows = max(64, 2 ** 18 // padded)  # 2^18 fp32 logits: 1 MiB, one core's L2
-        total = h.new_zeros(())
-        for first in range(0, n, rows):
-            h_block, gold_ids = h[first:first + rows], targets[first:first + rows]
-            z = torch.mm(h_block, weight.t())  # (rows, padded vocab), as lm_head
-            gate = z[:, :vocab_size].mul_(2 / LOGIT_SOFTCAP).sigmoid_()  # sigmoid(2z / 15), in place
-            probs = gate.mul(2 * LOGIT_SOFTCAP).sub_(LOGIT_SOFTCAP).exp_()  # exp of the capped logits
-            sum_exp = probs.sum(-1, keepdim=True)
-            gold = gate.gather(1, gold_ids[:, None]).mul_(2 * LOGIT_SOFTCAP).sub_(LOGIT_SOFTCAP)
-            total += (sum_exp.log() - gold).sum()
-            if grad_h is None:
-                continue
-            probs.div_(sum_exp)  # the softmax
-            probs[torch.arange(h_block.size(0)), gold_ids] -= 1.0  # d loss / d capped logit = softmax - one-hot
-            slope = gate.sub_(gate.square())  # d capped / dz = 1 - tanh^2 = 4 sigmoid (1 - sigmoid)
-            grad_z = probs.mul_(slope).mul_(4 / n)
-            if padded > vocab_size:  # the vocabulary's padding columns get no gradient
-                grad_z = F.pad(grad_z, (0, padded - vocab_size))
-            torch.mm(grad_z, weight, out=grad_h[first:first + rows])
-            grad_weight += torch.mm(grad_z.t(), h_block)
-        ctx.save_for_backward(grad_h, grad_weight)
-        return total / n
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grad_h, grad_weight = ctx.saved_tensors
-        return grad_h * grad_loss, grad_weight * grad_loss, None, None
-
-
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -443,7 +399,7 @@ class GPT(nn.Module):
         if targets is not None and h.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
             # fp32 on CPU (the CPU grids): the fused loss. On GPU torch.compile fuses the formula below.
             return LinearSoftcapCrossEntropy.apply(h.flatten(0, 1), self.lm_head.weight, targets.flatten(),
-                                                   cfg.vocab_size)
+                                                   cfg.vocab_size, LOGIT_SOFTCAP)
         logits = self.softcapped_logits(h)
         if targets is None:
             return logits
@@ -517,3 +473,20 @@ class GPT(nn.Module):
                 break
             step_ids = next_ids[:, None]
         return new
+
+    @torch.no_grad()
+    def sample_texts(self, tokenizer, prompts, max_new_tokens, temperature=1.0, top_k=None, seed=0):
+        """The sampled continuation (text) of every prompt (train.py --sample, evaluate.py --prompt): BOS and the
+        prompt's tokens go to generate() as one ragged batch, drawing from one generator seeded `seed`, so the
+        same call samples the same texts; a sample ends at BOS, where the model would start a new document."""
+        ids = [[tokenizer.bos_id] + tokenizer.encode(prompt) for prompt in prompts]
+        generator = torch.Generator(device=self.lm_head.weight.device).manual_seed(seed)
+        new_tokens = self.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator,
+                                   stop_id=tokenizer.bos_id)
+        texts = []
+        for tokens in new_tokens:
+            tokens = list(tokens)
+            if tokenizer.bos_id in tokens:
+                tokens = tokens[:tokens.index(tokenizer.bos_id)]
+            texts.append(tokenizer.decode(tokens))
+        return texts

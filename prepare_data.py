@@ -30,11 +30,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import requests
-from requests.adapters import HTTPAdapter
-from urllib3.util.retry import Retry
 
 from common import DataError, atomic_write, fail, in_range, json_lines, one_line_errors
+from download import download_file
 from dataloader import BOS_TOKEN, EXTRA_TOKEN, FORMAT, MAX_VOCAB, SPLIT_PATTERN, Tokenizer, sha256_file
 
 BASE_URL = "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main"
@@ -51,8 +49,6 @@ SUFFIXES = (".parquet", ".jsonl", ".txt", ".jsonl.xz", ".txt.xz")
 BUFFER_DOCS = 1000               # best-fit buffer in documents (or pieces), as the authors' prepack
 BATCH_CHARS = 1 << 21            # characters per tokenizer call: all threads busy, token lists stay small
 BPE_BATCHES = 1000               # BPE training reads the first ~2B characters (nanochat's budget)
-RETRIES = 5                      # per download, after urllib3's own retries of a failed request
-RETRY_BASE_S = 1.0               # backoff before retry k: RETRY_BASE_S * 2**(k-1); tests shrink it
 
 
 def check_parquet(path):
@@ -128,47 +124,6 @@ def batches(plan):
                 batch, chars = [], 0
     if batch:
         yield batch
-
-
-def download_file(url, dest, retries=RETRIES, check=check_parquet):
-    """Fetch url into dest.tmp, check it, rename it to dest; a dropped transfer resumes with an HTTP Range request."""
-    dest, tmp = Path(dest), Path(f"{dest}.tmp")
-    if dest.exists():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    session = requests.Session()  # urllib3 retries failed connections and 408/429/5xx answers, with backoff
-    session.mount("http", HTTPAdapter(max_retries=Retry(retries, backoff_factor=RETRY_BASE_S,
-                  status_forcelist=(408, 429, 500, 502, 503, 504), raise_on_status=False)))
-    for attempt in range(retries + 1):
-        time.sleep(RETRY_BASE_S * 2 ** (attempt - 1) if attempt else 0)
-        have = tmp.stat().st_size if tmp.exists() else 0
-        try:
-            r = session.get(url, stream=True, timeout=60, headers={"Range": f"bytes={have}-"} if have else {})
-        except requests.RequestException as e:
-            raise DataError(f"{url}: {type(e).__name__} after {retries} retries ({e})") from None
-        problem = f"HTTP {r.status_code} on resume from byte {have}"
-        if r.status_code == 416:  # the .tmp is not a strict prefix of the remote file: start clean
-            tmp.unlink()
-        elif r.status_code >= 400:
-            raise DataError(f"{url}: HTTP {r.status_code} {r.reason}")
-        else:
-            try:  # 206 continues our file, 200 sends all of it again; a drop loses one chunk at most
-                with r, open(tmp, "ab" if r.status_code == 206 else "wb") as f:
-                    for chunk in r.iter_content(chunk_size=1 << 16):
-                        f.write(chunk)
-                break
-            except requests.RequestException as e:  # urllib3 raises when fewer bytes arrive
-                problem = f"{type(e).__name__}: {e}"
-    else:
-        raise DataError(f"{url}: download incomplete after {retries + 1} attempts ({problem}); "
-                        f"partial data kept in {tmp}, rerun to resume")
-    try:
-        check(tmp)
-    except DataError as e:
-        tmp.unlink()
-        raise DataError(f"{url}: downloaded file is not valid, deleted ({e})") from None
-    print(f"download: {dest} ({tmp.stat().st_size / 1e6:.0f} MB)", file=sys.stderr, flush=True)
-    return tmp.replace(dest)
 
 
 def train_bpe(texts, vocab_size, out_path):
@@ -389,7 +344,7 @@ def llama2_model(args):
             raise DataError(f"{path}: sha256 {sha256_file(path)} is not Llama 2's tokenizer's ({LLAMA2_SHA256})")
     model = args.tokenizer_model or LLAMA2_URL
     if "://" in model:
-        model = download_file(model, Path(args.download_dir) / model.rsplit("/", 1)[1], check=check_model)
+        model = download_file(model, Path(args.download_dir) / model.rsplit("/", 1)[1], check_model)
     check_model(model)
     return model
 
@@ -404,7 +359,7 @@ def source_files(args):
     base_url = args.base_url.rstrip("/")
 
     def fetch(name):
-        return download_file(f"{base_url}/{name}", Path(args.download_dir) / name)
+        return download_file(f"{base_url}/{name}", Path(args.download_dir) / name, check_parquet)
     with ThreadPoolExecutor(8) as pool:  # 8 at a time; the first error (or Ctrl-C) cancels those not started
         try:
             return list(pool.map(fetch, names))

@@ -382,20 +382,3 @@ def find_runs(paths, data_dir=""):
             raise DataError(f"{path}: no such run folder or sweep OUT")
     return runs, notes
 
-
-def sample_texts(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_k=None, seed=0, device="cpu"):
-    """The sampled continuation (text) of every prompt (train.py --sample, evaluate.py --prompt): BOS + its
-    tokens go to model.generate as lists (ragged is fine), drawing from one generator seeded `seed` on
-    `device`, so the same call samples the same texts; a sample ends at BOS, where the model would start a
-    new document."""
-    ids = [[tokenizer.bos_id] + tokenizer.encode(prompt) for prompt in prompts]
-    generator = torch.Generator(device=device).manual_seed(seed)
-    new_tokens = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator,
-                                stop_id=tokenizer.bos_id)
-    texts = []
-    for tokens in new_tokens:
-        tokens = list(tokens)
-        if tokenizer.bos_id in tokens:
-            tokens = tokens[:tokens.index(tokenizer.bos_id)]
-        texts.append(tokenizer.decode(tokens))
-    return texts

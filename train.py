@@ -37,7 +37,7 @@ from dataloader import RowLoader, load_tokenizer, read_meta
 from model import GPT
 from muonh import add_lr_args, build_optimizers, lr_multiplier
 from runs import (finished_row, load_run_model, open_outputs, plan_run, restore_checkpoint, results_row,
-                  run_identity, sample_texts, save_checkpoint, settle)
+                  run_identity, save_checkpoint, settle)
 
 # SIGTERM/SIGINT (preemption, Ctrl-C) only set this flag: the step in flight finishes, then every
 # rank agrees to stop, a checkpoint is written and the run exits; --resume continues it exactly.
@@ -442,8 +442,7 @@ def finish(run):
 def print_samples(model, tokenizer, args, device, autocast):
     """--sample continuations of --prompt (temperature 0.8, top-k 50), seeded by --seed: a rerun prints the same."""
     with autocast:
-        texts = sample_texts(model, tokenizer, [args.prompt] * args.sample, args.sample_tokens, 0.8, 50, args.seed,
-                             device)
+        texts = model.sample_texts(tokenizer, [args.prompt] * args.sample, args.sample_tokens, 0.8, 50, args.seed)
     for text in texts:
         print(f"--- {text!r}")
 

@@ -105,7 +105,7 @@ def main():
 
     # (b) full joint analysis of the synthetic 116-run grid with a 200-resample bootstrap
     rows = synthetic_rows(seed=0)
-    res, t_full = timed(lambda: fl.analyse(rows, 500, 200, 16, 0, args.workers))
+    res, t_full = timed(lambda: fl.analyse(rows, fl.FitOptions(workers=args.workers)))
     joint = res["joint"]
     c = laws._joint_arrays(rows)
     jargs = ((c["n_once"], c["n_rec"], c["r"]), np.log(c["tokens"]), np.log(c["val_loss"]))

@@ -6,9 +6,9 @@ grid's 0.056, and compare with that grid's own seed-0 rows.
 
     python dev/diagnose_report.py            # prints the tables that dev/README.md quotes
 """
+import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -68,4 +68,7 @@ def main(diag_path=RESULTS / "diagnostics" / "results.jsonl",
 
 
 if __name__ == "__main__":
-    main(*(Path(arg) for arg in sys.argv[1:2]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", nargs="?", type=Path, default=RESULTS / "diagnostics" / "results.jsonl",
+                        help="the diagnostics' results file (dev/diagnose_micro.sh writes it)")
+    main(parser.parse_args().results)

@@ -21,7 +21,7 @@ from pathlib import Path
 from diagnose_report import load  # dev/'s one JSONL reader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fit_laws import category_losses, read_categories  # noqa: E402
+from eval_tasks import category_losses, read_categories  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # grid folder, label, the paper's phi for it (iso-depth §4.2 and §5)
@@ -116,7 +116,7 @@ def spread(values):
 
 def seed_table():
     """The largest budget's seed runs (cpu-micro-seeds: each r's best width, seeds 0 and 1): validation and
-    category losses (fit_laws.category_losses, at the trained r) as mean ± half the range over the seeds."""
+    category losses (eval_tasks.category_losses, at the trained r) as mean ± half the range over the seeds."""
     seed_rows = load(EVAL / "seeds.jsonl")
     rows = load(EVAL / "results.jsonl") + seed_rows
     seed_runs = sorted({(row["r"], row["d_model"], row["flops_budget"]) for row in seed_rows})

@@ -1,8 +1,10 @@
 """
-How readable the core scripts are, in numbers: per file its lines, conditional expressions (`a if c else b`)
-and comprehensions, the functions longer than 60 lines, and the packed constructs the style rules forbid
-(a string or list multiplied by a comparison or a bool, a conditional expression inside another one or
-used as an `if` test). tests/test_style.py holds the core files to the rules; this prints the counts.
+How readable the core scripts are, in numbers: per file its lines, the share of them that comment (a `#`
+comment or a docstring of the module, a class or a function), conditional expressions (`a if c else b`) and
+comprehensions, the functions longer than 60 lines or with 7 or more parameters, and the packed constructs
+the style rules forbid (a string or list multiplied by a comparison or a bool, a conditional expression
+inside another one or used as an `if` test). tests/test_style.py holds the core files to the rules; this
+prints the counts.
 
     python dev/style_report.py                  # the core files
     python dev/style_report.py --at 127a803     # the same files at another commit (git show), for a before/after
@@ -10,14 +12,17 @@ used as an `if` test). tests/test_style.py holds the core files to the rules; th
 """
 import argparse
 import ast
+import io
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE_FILES = ("model.py", "train.py", "fit_laws.py", "laws.py", "prepare_data.py", "flops.py", "muonh.py",
               "evaluate.py", "eval_tasks.py", "runs.py", "dataloader.py", "common.py", "tracking.py", "curves.py")
 MAX_FUNCTION_LINES = 60
+MANY_PARAMETERS = 7  # nanoGPT's and nanochat's model and training code have no function with this many
 COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
@@ -64,11 +69,38 @@ def long_functions(tree):
     return out
 
 
+def comment_lines(source, tree):
+    """The numbers of the lines that hold a # comment or belong to a module, class or function docstring."""
+    lines = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            lines.add(token.start[0])
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node):
+            first = node.body[0]
+            lines.update(range(first.lineno, first.end_lineno + 1))
+    return lines
+
+
+def many_parameter_functions(tree):
+    """(name, first line, parameters) of every function with MANY_PARAMETERS or more (self and cls aside)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+            names = [name for name in names if name not in ("self", "cls")]
+            if len(names) >= MANY_PARAMETERS:
+                out.append((node.name, node.lineno, len(names)))
+    return out
+
+
 def report(source):
     """The counts of one file's source text."""
     tree = ast.parse(source)
     nodes = list(ast.walk(tree))
-    return {"lines": len(source.splitlines()),
+    n_lines = len(source.splitlines())
+    return {"lines": n_lines, "comment_share": len(comment_lines(source, tree)) / max(1, n_lines),
+            "many_parameters": many_parameter_functions(tree),
             "conditional_expressions": sum(isinstance(n, ast.IfExp) for n in nodes),
             "comprehensions": sum(isinstance(n, COMPREHENSIONS) for n in nodes),
             "long_functions": long_functions(tree), "packed": packed_constructs(tree)}
@@ -86,7 +118,8 @@ def main():
     p.add_argument("--at", default="", help="read the files at this git commit instead of the working tree")
     args = p.parse_args()
     files = args.files or CORE_FILES
-    print(f"{'file':<18}{'lines':>7}{'cond. expr.':>13}{'comprehensions':>16}{'fns > 60':>10}{'packed':>8}")
+    print(f"{'file':<18}{'lines':>7}{'comments':>10}{'cond. expr.':>13}{'comprehensions':>16}{'fns > 60':>10}"
+          f"{'7+ params':>11}{'packed':>8}")
     for name in files:
         if args.at:
             source = source_at(name, args.at)
@@ -97,10 +130,12 @@ def main():
             print(f"{name:<18}{'(absent)':>7}")
             continue
         r = report(source)
-        print(f"{name:<18}{r['lines']:>7}{r['conditional_expressions']:>13}{r['comprehensions']:>16}"
-              f"{len(r['long_functions']):>10}{len(r['packed']):>8}")
+        print(f"{name:<18}{r['lines']:>7}{r['comment_share']:>9.0%} {r['conditional_expressions']:>12}"
+              f"{r['comprehensions']:>16}{len(r['long_functions']):>10}{len(r['many_parameters']):>11}{len(r['packed']):>8}")
         for fn, line, length in r["long_functions"]:
             print(f"    {name}:{line} {fn}() is {length} lines")
+        for fn, line, count in r["many_parameters"]:
+            print(f"    {name}:{line} {fn}() takes {count} parameters")
         for line, what in r["packed"]:
             print(f"    {name}:{line} {what}")
     return 0

@@ -26,9 +26,9 @@ import torch.nn as nn
 import eval_tasks
 import evaluate
 import dataloader
-import prepare_data
+import download
 import runs
-from fit_laws import category_losses
+from eval_tasks import category_losses
 from flops import ModelConfig
 from model import GPT
 
@@ -507,7 +507,7 @@ class Server(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server(monkeypatch):
-    monkeypatch.setattr(prepare_data, "RETRY_BASE_S", 0.01)
+    monkeypatch.setattr(download, "RETRY_BASE_S", 0.01)
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
     srv.log, srv.files = [], {}
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -917,13 +917,13 @@ def test_a_results_file_holds_one_scoring_and_each_shot_count_its_own_rows(run_d
 def test_sample_texts_sends_token_lists_and_stops_at_bos(tokenizer):
     calls = []
 
-    class Model:
-        def generate(self, prompts, max_new_tokens, **kwargs):
-            calls.append((prompts, max_new_tokens, kwargs))
-            return [tokenizer.encode(" and more") + [tokenizer.bos_id] + tokenizer.encode("junk"),
-                    tokenizer.encode(" text")]
+    def generate(prompts, max_new_tokens, **kwargs):
+        calls.append((prompts, max_new_tokens, kwargs))
+        return [tokenizer.encode(" and more") + [tokenizer.bos_id] + tokenizer.encode("junk"), tokenizer.encode(" text")]
 
-    texts = runs.sample_texts(Model(), tokenizer, ["Hello", "Hi there"], 12, 0.7, 5, 3, "cpu")
+    model = GPT(ModelConfig(**TINY))
+    model.generate = generate
+    texts = model.sample_texts(tokenizer, ["Hello", "Hi there"], 12, 0.7, 5, 3)
     assert texts == [" and more", " text"]
     prompts, n, kwargs = calls[0]
     assert prompts == [[tokenizer.bos_id] + tokenizer.encode("Hello"), [tokenizer.bos_id] + tokenizer.encode("Hi there")]

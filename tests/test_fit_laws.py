@@ -364,7 +364,7 @@ def test_bad_inputs_raise_clear_errors(sweep, tmp_path):
     with pytest.raises(ValueError, match="lack val_loss"):
         fl.prepare_rows([{k: v for k, v in r.items() if k != "val_loss"} for r in rows])
     with pytest.raises(ValueError, match="nothing to fit.*too few"):
-        fl.analyse([r for r in rows if r["r"] == 1][:5], restarts=2, boot=0)
+        fl.analyse([r for r in rows if r["r"] == 1][:5], fl.FitOptions(restarts=2, bootstrap=0))
 
 
 def fit_cli(*args, timeout=300):
@@ -432,10 +432,10 @@ def test_duplicates_are_found_by_run_id_first():
 def test_unconverged_fit_is_reported_as_such(sweep, monkeypatch):
     rows = sweep[0]
     monkeypatch.setitem(laws.LBFGS_OPTIONS, "maxiter", 2)
-    res = fl.analyse(rows, restarts=2, boot=0, workers=1)
+    res = fl.analyse(rows, fl.FitOptions(restarts=2, bootstrap=0))
     assert not res["joint"]["converged"]
     lines = []
-    fl.report(res, "tiny", p=lines.append)
+    fl.report(res, "tiny", say=lines.append)
     text = "\n".join(lines)
     assert "NOT CONVERGED" in text and "phi   =" not in text
 
@@ -521,19 +521,20 @@ def test_plots_are_readable_at_a_glance():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = fl.prepare_rows(fl.drop_unusable(fl.load_results(CPU_MICRO))[0])
-    res = fl.analyse(rows, restarts=20, boot=0, workers=1)
+    res = fl.analyse(rows, fl.FitOptions(restarts=20, bootstrap=0))
     level, budgets = fl.budget_levels([row["flops_budget"] for row in rows])
     colours = [plt.get_cmap("viridis")(j / (len(budgets) - 1)) for j in range(len(budgets))]
     title = fl.plot_title(CPU_MICRO)
     assert title == "cpu-micro-v2-flat"
     losses = [row["val_loss"] for row in rows]
-    iso = fl.plot_isoflop(plt, res, rows, level, budgets, colours, title)
+    by_budget = fl.BudgetColours(level, budgets, colours)
+    iso = fl.plot_isoflop(plt, res, rows, by_budget, title)
     low, high = iso.axes[0].get_ylim()
     assert min(losses) - 0.2 < low <= min(losses) and max(losses) <= high < max(losses) + 0.2
     labels = [t.get_text() for t in iso.legends[0].get_texts()]
     assert [f"C = {C:.3g} FLOPs" for C in budgets] == labels[:len(budgets)]
     assert any("compute-optimal" in label for label in labels) and title in iso._suptitle.get_text()
-    pva = fl.plot_pred_vs_actual(plt, res, rows, level, budgets, colours, title)
+    pva = fl.plot_pred_vs_actual(plt, res, rows, by_budget, title)
     labels = [t.get_text() for t in pva.axes[0].get_legend().get_texts()]
     assert set(labels) >= {fl.arch_label(k) for k in fl.by_arch(rows)} | {f"C = {C:.3g}" for C in budgets}
     front = fl.plot_frontier(plt, res, budgets, title)

@@ -26,6 +26,7 @@ SAMPLE = REPO / "data" / "fineweb-edu-sample"
 sys.path.insert(0, str(REPO))
 import common  # noqa: E402
 import dataloader  # noqa: E402
+import download  # noqa: E402
 import prepare_data as pdata  # noqa: E402
 
 def sha(path):
@@ -63,7 +64,7 @@ def contains(haystack, needle):
 
 @pytest.fixture(autouse=True)
 def fast_retries(monkeypatch):
-    monkeypatch.setattr(pdata, "RETRY_BASE_S", 0.01)
+    monkeypatch.setattr(download, "RETRY_BASE_S", 0.01)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,7 +175,7 @@ def test_download_build_rerun_is_cached_and_deterministic(server, tmp_path):
 @pytest.mark.parametrize("mode", ["drop", "dropnorange"])
 def test_download_resumes_after_dropped_connection(server, tmp_path, mode):
     dest = tmp_path / "shard_00000.parquet"
-    pdata.download_file(f"{url(server, mode)}/shard_00000.parquet", dest, retries=3)
+    download.download_file(f"{url(server, mode)}/shard_00000.parquet", dest, pdata.check_parquet, retries=3)
     assert dest.read_bytes() == (SAMPLE / "shard_00000.parquet").read_bytes()
     hits = [r for r in server.requests if r[:2] == (mode, "shard_00000.parquet")]
     # Resumed on the second attempt from the whole chunks written before the drop (half the
@@ -189,7 +190,7 @@ def test_partial_file_that_is_not_a_prefix_is_fetched_anew(server, tmp_path):
     dest = tmp_path / "shard_00001.parquet"
     original = (SAMPLE / "shard_00001.parquet").read_bytes()
     dest.with_name(dest.name + ".tmp").write_bytes(original + b"stale")
-    pdata.download_file(f"{url(server, 'ok')}/shard_00001.parquet", dest, retries=1)
+    download.download_file(f"{url(server, 'ok')}/shard_00001.parquet", dest, pdata.check_parquet, retries=1)
     assert dest.read_bytes() == original
     hits = [r[2] for r in server.requests if r[:2] == ("ok", "shard_00001.parquet")][-2:]
     assert hits == [f"bytes={len(original) + 5}-", None]
@@ -210,7 +211,7 @@ def test_truncated_download_is_a_clear_error(server, tmp_path):
                    "--download-dir", dl, "--out", tmp_path / "out", "--tokenizer", "bpe")
     name = msg.split("/truncate/")[1].split(":")[0]  # the shard that failed first
     assert name in ("shard_00000.parquet", "shard_01822.parquet")
-    assert f"incomplete after {pdata.RETRIES + 1} attempts" in msg
+    assert f"incomplete after {download.RETRIES + 1} attempts" in msg
     assert not (dl / name).exists()
     assert (dl / f"{name}.tmp").exists()  # kept for the next run to resume
 
