@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE_FILES = ("model.py", "train.py", "fit_laws.py", "laws.py", "prepare_data.py", "flops.py", "muonh.py",
-              "evaluate.py", "eval_tasks.py", "runs.py", "dataloader.py", "common.py")
+              "evaluate.py", "eval_tasks.py", "runs.py", "dataloader.py", "common.py", "sweep_state.py")
 MAX_FUNCTION_LINES = 60
 COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
