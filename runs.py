@@ -7,6 +7,7 @@ evaluate.py finds finished runs and loads their final weights; both sample texts
 
     model = load_run_model("runs/quickstart", "cpu")     # the final weights, checked against final.json
 """
+import argparse
 import contextlib
 import dataclasses
 import hashlib
@@ -18,10 +19,12 @@ from pathlib import Path
 import torch
 
 import flops
-from common import DataError, append_row, atomic_write, check_fields, load_json
+from common import (DataError, append_row, atomic_write, check_fields, count, load_json, positive_float, positive_int,
+                    positive_int_list)
 from dataloader import data_identity, read_meta
+import tracking
 from model import GPT
-from muonh import GROUP_NAMES, RECIPE_GROUPS, learning_rates, lr_settings
+from muonh import GROUP_NAMES, RECIPE_GROUPS, add_lr_args, learning_rates, lr_settings
 
 # A horizon the batch cannot honour: fewer steps than this, or FLOPs (tokens) spent more than this far
 # from the budget asked for, would give a row whose flops_budget is not what the run spent.
@@ -51,6 +54,43 @@ def check_horizon(flag, asked, spent, steps, batch_tokens, unit):
     raise DataError(f"{flag} {asked:.4g} is {steps} step(s) of {batch_tokens:,} tokens, which would spend "
                     f"{spent:.4g} {unit} ({100 * off:+.0f}%); a run needs >= {MIN_STEPS} steps within "
                     f"{100 * HORIZON_RTOL:.0f}% of its budget: raise {flag} or lower --batch-tokens")
+
+
+def train_parser(description=""):
+    """train.py's flags. They live here, beside plan_run and run_identity, because what they say is the run's
+    identity: sweep_state.py parses a sweep's planned train.py flags with this same parser to find which runs
+    are done."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    flops.add_model_args(p)
+    p.set_defaults(vocab_size=None, seq_len=None)  # taken from the data's meta.json unless given
+    g = p.add_argument_group("horizon (pick one) and batch")
+    flops.budget_args(g)  # --flops C (tokens from flops.py) and --batch-tokens B
+    g.add_argument("--tokens", type=positive_float, help="training tokens D")
+    g.add_argument("--tokens-per-param", type=positive_float, help="D = this x N (non-embedding); default 20")
+    g.add_argument("--device-batch", type=count, default=0, help="rows per micro-batch per rank (0: auto, <= 16)")
+    add_lr_args(p)
+    g = p.add_argument_group("io and system")
+    g.add_argument("--data", default="data/fineweb", help="directory written by prepare_data.py")
+    g.add_argument("--out", default="", help="run directory (default runs/<run name>)")
+    g.add_argument("--results", default="", help="JSONL file the final row is appended to")
+    g.add_argument("--resume", action="store_true", help="continue from --out/ckpt.pt if it exists")
+    g.add_argument("--reuse-from", action="append", default=[],
+                   help="finished run folder to reuse if its identity is this one (repeatable: the first match)")
+    g.add_argument("--save-every", type=count, default=500, help="checkpoint every N steps (0: only end/signal)")
+    g.add_argument("--log-every", type=positive_int, default=10)
+    g.add_argument("--eval-rows", type=positive_int, default=512, help="fixed validation rows (held-out split)")
+    g.add_argument("--eval-r", type=positive_int_list, default=[],
+                   help="also evaluate at these loop counts, e.g. 2,8 (App. A)")
+    g.add_argument("--sample", type=count, default=0,
+                   help="print N sampled continuations of --prompt at the end (or of a finished run)")
+    g.add_argument("--prompt", default="The capital of France is", help="what --sample continues")
+    g.add_argument("--sample-tokens", type=positive_int, default=48, help="tokens per sample")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: bf16 on GPU")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model (inductor, GPU or CPU)")
+    tracking.add_args(g)  # --wandb PROJECT, --wandb-group GROUP
+    return p
 
 
 def plan_run(args, meta, world):
@@ -328,7 +368,7 @@ def check_run(path, data_dir=""):
     if sha != identity["data"]["tokenizer_sha256"]:
         raise DataError(f"{data_dir}: its tokenizer is not the one {path} was trained with (pass --data)")
     return {"dir": path, "name": path.name, "run_id": record["run_id"], "cfg": cfg, "data_dir": data_dir,
-            "tokenizer_sha256": sha, "dtype": identity["dtype"], "steps": final["steps"]}
+            "tokenizer_sha256": sha, "dtype": identity["dtype"], "steps": final["steps"], "run_name": final.get("run")}
 
 
 def load_run_model(run, device):

@@ -10,6 +10,8 @@
 #                                                      # runs it shares with a finished grid are reused, not retrained
 #   ./sweep.sh --grid cpu-micro --budgets "5e11 5e12" --r "1 4"        # a subset of a grid's budgets and loop counts
 #   ./sweep.sh --grids                                 # the grid names
+#   ./sweep.sh --grid paper --slurm                    # submit the runs not done as a SLURM array, the fit after it
+#   ./sweep.sh --grid paper --status                   # every run: done, running, queued, failed; FLOPs done, ETA
 #
 # Grids (GRIDS below; plan_lines says what each runs): paper (Table 7, 116 runs), trunc and hyper (the case
 # studies at the four lowest budgets, reusing paper's r = 1 runs), depth18, depth24 (App. G.4), the CPU-scale
@@ -29,6 +31,9 @@
 # OUT (default runs/<grid>), DATA (default per grid; the CPU grids and smoke build theirs from data/ when
 # it is missing), PYTHON (default python3), ALLOW_REPEAT=1, WANDB_PROJECT (every run also logs to this Weights
 # & Biases project, grouped by grid: train.py --wandb; needs requirements-dev.txt).
+# With --slurm: GPUS_PER_RUN (GPUs per node of a run, default 0: CPU), NODES_PER_RUN (default 1),
+# MAX_RUNNING (array tasks at once, default no limit), SBATCH_ARGS (more sbatch options) and sbatch's own
+# SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_QOS, SBATCH_TIMELIMIT, SBATCH_GRES, ... (dev/README.md).
 set -uo pipefail
 cd "$(dirname "$0")"
 
@@ -100,7 +105,7 @@ BUDGETS=""
 RS=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --grid|--flops-per-s|--variant|--budgets|--r) [ $# -ge 2 ] || { echo "sweep.sh: $1 needs a value" >&2; exit 2; } ;;&
+    --grid|--flops-per-s|--variant|--budgets|--r|--slurm-task) [ $# -ge 2 ] || { echo "sweep.sh: $1 needs a value" >&2; exit 2; } ;;&
     --grid) GRID="$2"; shift 2 ;;
     --plan) MODE=plan; shift ;;
     --print) MODE=print; shift ;;
@@ -108,6 +113,10 @@ while [ $# -gt 0 ]; do
     --variant) VARIANT="$2"; shift 2 ;;
     --budgets) BUDGETS="$2"; shift 2 ;;
     --r) RS="$2"; shift 2 ;;
+    --slurm) MODE=slurm; shift ;;
+    --status) MODE=status; shift ;;
+    --slurm-task) MODE=slurm-task; TASKS_FILE="$2"; shift 2 ;;  # inside an array task (slurm_submit writes it)
+    --slurm-fit) MODE=slurm-fit; shift ;;                       # inside the fit job after the array
     --flops-per-s) FLOPS_PER_S="$2"; shift 2 ;;
     --no-fit) NO_FIT=1; shift ;;
     --) shift; EXTRA=("$@"); break ;;
@@ -222,10 +231,12 @@ select_lines
 
 # flops.py prices the plan (the single source of truth for N, D and FLOPs) and checks that the
 # prepared data covers the largest run; the flags after -- can change the horizon, so they go along.
-price_plan() {
+plan_with_extra() {  # the plan lines with the flags after -- (what each train.py is given)
   local line
-  for line in "${LINES[@]}"; do echo "$line${EXTRA[*]:+ ${EXTRA[*]}}"; done |
-    "$PYTHON" flops.py --plan --data "$DATA" --results "$RESULTS" ${FLOPS_PER_S:+--flops-per-s "$FLOPS_PER_S"}
+  for line in "${LINES[@]}"; do echo "$line${EXTRA[*]:+ ${EXTRA[*]}}"; done
+}
+price_plan() {
+  plan_with_extra | "$PYTHON" flops.py --plan --data "$DATA" --results "$RESULTS" ${FLOPS_PER_S:+--flops-per-s "$FLOPS_PER_S"}
 }
 if [ "$MODE" = plan ]; then
   price_plan
@@ -233,25 +244,8 @@ if [ "$MODE" = plan ]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
-# Running. GPU slots: GPUS / GPUS_PER_RUN concurrent runs, each on its own devices and port.
+# What every mode that trains shares: train.py's arguments for a run, the data, the fit.
 whole() { [[ "$2" =~ ^[0-9]+$ ]] || { echo "sweep.sh: $1 must be a whole number, got '$2'" >&2; exit 2; }; }
-if [ -z "${GPUS:-}" ]; then
-  GPUS=$(command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | wc -l || echo 0)
-fi
-whole GPUS "$GPUS"
-GPUS_PER_RUN="${GPUS_PER_RUN:-$(( GPUS > 0 ? GPUS : 1 ))}"
-whole GPUS_PER_RUN "$GPUS_PER_RUN"
-whole CPU_JOBS "${CPU_JOBS:-1}"
-if [ "$GPUS" -gt 0 ]; then
-  [ "$GPUS_PER_RUN" -ge 1 ] && [ "$GPUS_PER_RUN" -le "$GPUS" ] ||
-    { echo "sweep.sh: GPUS_PER_RUN=$GPUS_PER_RUN must be in 1..GPUS=$GPUS" >&2; exit 2; }
-  SLOTS=$(( GPUS / GPUS_PER_RUN ))
-else
-  SLOTS="${CPU_JOBS:-1}"
-  [ "$SLOTS" -ge 1 ] || { echo "sweep.sh: CPU_JOBS must be >= 1, got $SLOTS" >&2; exit 2; }
-  # Tiny models are dispatch-bound: one thread per run and several runs beat oversubscribed threads.
-  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / SLOTS > 0 ? $(nproc) / SLOTS : 1 ))}"
-fi
 
 # Finished runs of the same name in other grids: beside OUT (runs/paper for runs/trunc) and, for a variant,
 # the committed grids in dev/results too. train.py reuses the first whose identity is exactly this run's.
@@ -270,11 +264,266 @@ reuse_candidates() {
   done
 }
 
-train_command() {  # name, flags, slot
-  local name="$1" flags="$2" slot="$3" reuse="" sibling
+train_args() {  # name, flags: train.py and its arguments for one run (what the launcher runs)
+  local name="$1" flags="$2" reuse="" sibling
   for sibling in $(reuse_candidates "$name"); do reuse="$reuse--reuse-from $sibling "; done
-  local common="train.py --data $DATA --out $OUT/runs/$name --results $RESULTS --resume $reuse$flags${EXTRA[*]:+ ${EXTRA[*]}}"
-  common="$common${WANDB_PROJECT:+ --wandb $WANDB_PROJECT --wandb-group $GRID${VARIANT:+-$VARIANT}}"
+  local args="train.py --data $DATA --out $OUT/runs/$name --results $RESULTS --resume $reuse$flags${EXTRA[*]:+ ${EXTRA[*]}}"
+  echo "$args${WANDB_PROJECT:+ --wandb $WANDB_PROJECT --wandb-group $GRID${VARIANT:+-$VARIANT}}"
+}
+
+ensure_data() {  # $DATA/meta.json, built from the repository's sources for the CPU grids and smoke
+  if [ -f "$DATA/meta.json" ]; then
+    return 0
+  fi
+  if [ -n "$DATA_IN_REPO" ]; then
+    echo "sweep.sh: $DATA/meta.json not found; building it from the repository's data: $PYTHON $(data_command)"
+    "$PYTHON" $(data_command) || exit 2
+    return 0
+  fi
+  echo "sweep.sh: $DATA/meta.json not found; build it first: $PYTHON $(data_command)" \
+       "(the paper grid's 205 shards; README 'Reproducing the paper' lists the other grids')" >&2
+  exit 2
+}
+
+run_fit() {  # fit_laws.py over the results into $OUT/fit (report.txt, fit.json, plots); non-zero if it failed
+  if [ "$GRID" = cpu-micro-seeds ]; then
+    return 0  # one budget: no law to fit; dev/study_tables.py reads the seed spread
+  fi
+  mkdir -p "$OUT/fit"
+  if "$PYTHON" fit_laws.py "$RESULTS" --json "$OUT/fit/fit.json" --plots "$OUT/fit" > "$OUT/fit/report.txt" 2> "$OUT/fit/fit.err"; then
+    cat "$OUT/fit/report.txt"
+    return 0
+  fi
+  echo "sweep.sh: fit_laws.py failed (see $OUT/fit/fit.err):" >&2
+  tail -n 3 "$OUT/fit/fit.err" >&2
+  return 1
+}
+
+# ---------------------------------------------------------------------------------------------
+# Status (--status): one table of every planned run from the results, run folders, logs and squeue.
+# sweep_state.py holds the logic: it gives each plan line train.py's run identity, as train.py does.
+status_main() {
+  if [ ! -s "$RESULTS" ] && [ ! -f "$OUT/slurm/jobs.txt" ] && ! compgen -G "$OUT/runs/*" > /dev/null &&
+     ! compgen -G "$OUT/logs/*.log" > /dev/null; then
+    echo "sweep.sh: $OUT holds no sweep yet (no results, run folders, logs or submissions); start one with" \
+         "./sweep.sh --grid $GRID [--slurm], or set OUT" >&2
+    exit 2
+  fi
+  if [ ! -f "$DATA/meta.json" ]; then
+    echo "sweep.sh: --status needs $DATA/meta.json: a run's identity depends on its data (set DATA)" >&2
+    exit 2
+  fi
+  plan_with_extra | "$PYTHON" sweep_state.py --status --data "$DATA" --out "$OUT"
+}
+
+# ---------------------------------------------------------------------------------------------
+# SLURM (--slurm): the runs not done as one array job, a task per run, then the fit in a job that waits
+# for the whole array (afterany). Cluster settings are sbatch's own: the SBATCH_* input variables it
+# reads itself (SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_QOS, SBATCH_TIMELIMIT, SBATCH_GRES, ...) and
+# SBATCH_ARGS for any other option. Tasks are requeueable and get SIGUSR1 two minutes before their time
+# limit (--signal=B:USR1@120, unless SBATCH_SIGNAL says otherwise): train.py checkpoints, the task requeues
+# itself and its next allocation resumes. A requeue or preemption by SLURM signals train.py directly.
+slurm_settings() {  # GPUS_PER_RUN (per node; 0: CPU), NODES_PER_RUN, MAX_RUNNING: checked before any work
+  GPUS_PER_RUN="${GPUS_PER_RUN:-0}"
+  NODES_PER_RUN="${NODES_PER_RUN:-1}"
+  whole GPUS_PER_RUN "$GPUS_PER_RUN"
+  whole NODES_PER_RUN "$NODES_PER_RUN"
+  if [ "$NODES_PER_RUN" -lt 1 ]; then
+    echo "sweep.sh: NODES_PER_RUN must be >= 1, got $NODES_PER_RUN" >&2
+    exit 2
+  fi
+  if [ -n "${MAX_RUNNING:-}" ]; then
+    whole MAX_RUNNING "$MAX_RUNNING"
+    if [ "$MAX_RUNNING" -lt 1 ]; then
+      echo "sweep.sh: MAX_RUNNING must be >= 1, got $MAX_RUNNING" >&2
+      exit 2
+    fi
+  fi
+}
+
+slurm_submit() {
+  if ! command -v sbatch > /dev/null 2>&1; then
+    echo "sweep.sh: --slurm needs SLURM's sbatch on PATH (run it on the cluster's login node)" >&2
+    exit 2
+  fi
+  slurm_settings
+  ensure_data
+  mkdir -p "$OUT/runs" "$OUT/logs/slurm" "$OUT/slurm" || exit 2
+  price_plan > "$OUT/plan.txt" || exit 2
+  touch "$RESULTS"
+  local device=cpu
+  if [ "$GPUS_PER_RUN" -gt 0 ]; then
+    device=cuda
+  fi
+  # Which runs are not done (train.py's run identity against the results), nor queued or running now.
+  local ranks=$(( NODES_PER_RUN * (GPUS_PER_RUN > 0 ? GPUS_PER_RUN : 1) )) todo
+  todo=$(plan_with_extra | "$PYTHON" sweep_state.py --todo --data "$DATA" --out "$OUT" --device "$device" --world "$ranks") || exit 2
+  local tasks="$OUT/slurm/tasks-$(date -u +%Y%m%dT%H%M%SZ)-$$.txt" line n=0
+  for line in "${LINES[@]}"; do
+    if grep -qxF "${line%%|*}" <<< "$todo"; then
+      echo "${line%%|*}|$(train_args "${line%%|*}" "${line#*|}") --device $device" >> "$tasks"
+      n=$(( n + 1 ))
+    fi
+  done
+  if [ "$n" -eq 0 ]; then
+    echo "sweep.sh: nothing to submit: every run of $GRID is done, queued or running (./sweep.sh --grid $GRID --status)"
+    exit 0
+  fi
+  slurm_sbatch "$tasks" "$n"
+}
+
+slurm_sbatch() {  # tasks file, how many: the array and the fit job after it, recorded in $OUT/slurm/jobs.txt
+  local tasks="$1" n="$2" array fit
+  local opts=(--parsable --job-name="nanoloop-$GRID" --array="0-$(( n - 1 ))${MAX_RUNNING:+%$MAX_RUNNING}"
+              --requeue --open-mode=append --output="$OUT/logs/slurm/%A_%a.out"
+              --nodes="$NODES_PER_RUN" --ntasks-per-node=1)
+  if [ "$GPUS_PER_RUN" -gt 0 ] && [ -z "${SBATCH_GRES:-}" ]; then
+    opts+=(--gpus-per-node="$GPUS_PER_RUN")
+  fi
+  if [ -z "${SBATCH_SIGNAL:-}" ]; then
+    opts+=(--signal=B:USR1@120)
+  fi
+  # The job runs this very sweep.sh (not sbatch's spooled copy of a script): --wrap execs it by path.
+  local task_cmd fit_cmd
+  task_cmd=$(printf 'exec env OUT=%q DATA=%q PYTHON=%q GPUS_PER_RUN=%q bash %q --grid %q --slurm-task %q' \
+             "$OUT" "$DATA" "$PYTHON" "$GPUS_PER_RUN" "$PWD/sweep.sh" "$GRID" "$tasks")
+  # shellcheck disable=SC2086  # SBATCH_ARGS is a list of options
+  array=$(sbatch "${opts[@]}" ${SBATCH_ARGS:-} --wrap "$task_cmd") || { echo "sweep.sh: sbatch refused the array" >&2; exit 1; }
+  array="${array%%;*}"  # --parsable: "id" or "id;cluster"
+  fit_cmd=$(printf 'exec env OUT=%q DATA=%q PYTHON=%q NO_FIT=%q bash %q --grid %q --slurm-fit --' "$OUT" "$DATA" \
+            "$PYTHON" "${NO_FIT:-}" "$PWD/sweep.sh" "$GRID")
+  if [ "${#EXTRA[@]}" -gt 0 ]; then
+    fit_cmd="$fit_cmd$(printf ' %q' "${EXTRA[@]}")"  # the identities of the missing-runs report need them
+  fi
+  fit=$(sbatch --parsable --job-name="nanoloop-$GRID-fit" --dependency="afterany:$array" --gres=none \
+        --nodes=1 --ntasks=1 --output="$OUT/logs/slurm/fit-%j.out" --wrap "$fit_cmd") ||
+    { echo "sweep.sh: array job $array is submitted, but sbatch refused the fit job: run ./sweep.sh --grid $GRID --slurm-fit after it" >&2; fit=none; }
+  fit="${fit%%;*}"
+  echo "$array $fit $tasks" >> "$OUT/slurm/jobs.txt"
+  echo "sweep.sh: submitted $n run(s) of $GRID as array job $array${MAX_RUNNING:+ (at most $MAX_RUNNING at once)}," \
+       "the fit as job $fit after it; logs in $OUT/logs; watch with ./sweep.sh --grid $GRID --status"
+  [ "$fit" != none ]
+}
+
+torchrun_launcher() {  # torchrun for this allocation: one agent per node, GPUS_PER_RUN workers each (1 on CPU)
+  local per_node=$(( GPUS_PER_RUN > 0 ? GPUS_PER_RUN : 1 )) nodes="${SLURM_JOB_NUM_NODES:-1}"
+  local torchrun="$PYTHON -m torch.distributed.run --nproc_per_node=$per_node"
+  if [ "$nodes" -eq 1 ]; then
+    echo "$torchrun --standalone"
+    return
+  fi
+  # The rendezvous is on the first node, at the address SLURM reaches it by, on a port of this job's.
+  local head addr
+  head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+  addr=$(scontrol show node "$head" | grep -oE 'NodeAddr=[^ ]+' | cut -d= -f2)
+  echo "$torchrun --nnodes=$nodes --rdzv-backend=c10d --rdzv-endpoint=${addr:-$head}:$(( 29500 + SLURM_JOB_ID % 1000 ))" \
+       "--rdzv-id=$SLURM_JOB_ID"
+}
+
+task_outcome() {  # srun's status, what this attempt logged: train.py's own exit status (torchrun's is 1 for any)
+  local rc="$1" said="$2" reported
+  if [ "$rc" -eq 0 ]; then
+    echo 0
+  elif grep -q "train.py: interrupted at step" <<< "$said"; then
+    echo 143
+  elif grep -q "^busy: " <<< "$said"; then
+    echo 75
+  else
+    reported=$(grep -oE 'exitcode *: *[0-9]+' <<< "$said" | head -n 1 | grep -oE '[0-9]+$')
+    echo "${reported:-$rc}"
+  fi
+}
+
+requeue_if_progressed() {  # after the time-limit signal: requeue, unless not one step was finished this time
+  local said="$1" log="$2" from to
+  from=$(grep -oE 'resumed .* at step [0-9]+' <<< "$said" | grep -oE '[0-9]+$' | tail -n 1)
+  to=$(grep -oE 'interrupted at step [0-9]+' <<< "$said" | grep -oE '[0-9]+$' | tail -n 1)
+  if [ "${to:-0}" -gt "${from:-0}" ]; then
+    echo "sweep.sh: time limit near: requeued; the next allocation resumes at step $to" >> "$log"
+    scontrol requeue "$TASK_ID" >> "$log" 2>&1
+  else
+    echo "sweep.sh: no step finished before the time-limit signal, so not requeued: raise SBATCH_TIMELIMIT" >> "$log"
+  fi
+}
+
+slurm_task() {  # inside array task SLURM_ARRAY_TASK_ID: train line SLURM_ARRAY_TASK_ID + 1 of TASKS_FILE (srun + torchrun)
+  local line name args log start launcher pid rc said code
+  line=$(sed -n "$(( SLURM_ARRAY_TASK_ID + 1 ))p" "$TASKS_FILE")
+  name="${line%%|*}"
+  args="${line#*|}"
+  log="$OUT/logs/$name.log"
+  # This task by its array name: one task's SLURM_JOB_ID can be the array's own id, and scancel or
+  # scontrol given that id act on every task of the array.
+  TASK_ID="${SLURM_ARRAY_JOB_ID}_$SLURM_ARRAY_TASK_ID"
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}"  # the CPUs SLURM gave the task
+  launcher=$(torchrun_launcher)
+  start=$(stat -c %s "$log" 2>/dev/null || echo 0)
+  echo "[$(date -u +%FT%TZ)] slurm job $TASK_ID (restart ${SLURM_RESTART_COUNT:-0})" \
+       "on $SLURM_JOB_NODELIST: $launcher -- $args" >> "$log"
+  TIME_LIMIT_SIGNAL=""
+  # The time-limit warning reaches this shell only: pass SIGTERM to every process of the job's steps, on
+  # every node (train.py and torchrun, which forwards it too). A requeue, a preemption or scancel: SLURM
+  # signals those processes itself, so this shell only waits for train.py's checkpoint.
+  trap 'TIME_LIMIT_SIGNAL=1; scancel --signal=TERM "$TASK_ID"' USR1
+  trap ':' TERM
+  # "--" keeps torchrun's argparse from reading train.py's --r as its own (ambiguous) flag.
+  srun --kill-on-bad-exit=1 $launcher -- $args >> "$log" 2>&1 &
+  pid=$!
+  wait "$pid"
+  while kill -0 "$pid" 2> /dev/null; do  # a trapped signal ends wait early: wait again for srun itself
+    wait "$pid"
+  done
+  wait "$pid"
+  rc=$?
+  said=$(tail -c +$(( start + 1 )) "$log")
+  code=$(task_outcome "$rc" "$said")
+  if [ "$code" -eq 143 ] && [ -n "$TIME_LIMIT_SIGNAL" ]; then
+    requeue_if_progressed "$said" "$log"
+  fi
+  echo "[$(date -u +%FT%TZ)] exit $code" >> "$log"
+  exit "$code"
+}
+
+slurm_fit() {  # the fit job, once every task of the array has ended: the fit, then the runs without a row
+  local fit_status=0
+  if [ -z "${NO_FIT:-}" ]; then
+    run_fit || fit_status=1
+  fi
+  mkdir -p "$OUT/fit"
+  plan_with_extra | "$PYTHON" sweep_state.py --missing --data "$DATA" --out "$OUT" | tee "$OUT/fit/missing.txt"
+  exit "$fit_status"
+}
+
+case "$MODE" in
+  status) status_main; exit $? ;;
+  slurm) slurm_submit; exit $? ;;
+  slurm-task) slurm_task ;;
+  slurm-fit) slurm_fit ;;
+esac
+
+# ---------------------------------------------------------------------------------------------
+# Running. GPU slots: GPUS / GPUS_PER_RUN concurrent runs, each on its own devices and port.
+if [ -z "${GPUS:-}" ]; then
+  GPUS=$(command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | wc -l || echo 0)
+fi
+whole GPUS "$GPUS"
+GPUS_PER_RUN="${GPUS_PER_RUN:-$(( GPUS > 0 ? GPUS : 1 ))}"
+whole GPUS_PER_RUN "$GPUS_PER_RUN"
+whole CPU_JOBS "${CPU_JOBS:-1}"
+if [ "$GPUS" -gt 0 ]; then
+  [ "$GPUS_PER_RUN" -ge 1 ] && [ "$GPUS_PER_RUN" -le "$GPUS" ] ||
+    { echo "sweep.sh: GPUS_PER_RUN=$GPUS_PER_RUN must be in 1..GPUS=$GPUS" >&2; exit 2; }
+  SLOTS=$(( GPUS / GPUS_PER_RUN ))
+else
+  SLOTS="${CPU_JOBS:-1}"
+  [ "$SLOTS" -ge 1 ] || { echo "sweep.sh: CPU_JOBS must be >= 1, got $SLOTS" >&2; exit 2; }
+  # Tiny models are dispatch-bound: one thread per run and several runs beat oversubscribed threads.
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / SLOTS > 0 ? $(nproc) / SLOTS : 1 ))}"
+fi
+
+train_command() {  # name, flags, slot
+  local slot="$3" common
+  common=$(train_args "$1" "$2")
   if [ "$GPUS" -gt 0 ]; then
     local first=$(( slot * GPUS_PER_RUN )) devices
     devices=$(seq -s, "$first" $(( first + GPUS_PER_RUN - 1 )))
@@ -290,14 +539,7 @@ if [ "$MODE" = print ]; then
   exit 0
 fi
 
-if [ ! -f "$DATA/meta.json" ] && [ -n "$DATA_IN_REPO" ]; then
-  echo "sweep.sh: $DATA/meta.json not found; building it from the repository's data: $PYTHON $(data_command)"
-  "$PYTHON" $(data_command) || exit 2
-elif [ ! -f "$DATA/meta.json" ]; then
-  echo "sweep.sh: $DATA/meta.json not found; build it first: $PYTHON $(data_command)" \
-       "(the paper grid's 205 shards; README 'Reproducing the paper' lists the other grids')" >&2
-  exit 2
-fi
+ensure_data
 mkdir -p "$OUT/runs" "$OUT/logs" || exit 2
 # Price the plan and check the data budget before any run starts; the table is kept with the results.
 price_plan > "$OUT/plan.txt" || exit 2
@@ -319,6 +561,7 @@ reap() {  # collect finished runs; one failure is recorded and the sweep goes on
     if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
       wait "$pid"; rc=$?
       name="${SLOT_NAME[$i]}"
+      echo "[$(date -u +%FT%TZ)] exit $rc" >> "$OUT/logs/$name.log"  # the attempt's end, for --status
       # What train.py said this time (the log is appended to, so read only the new part).
       said=$(tail -c +$(( SLOT_LOGSIZE[i] + 1 )) "$OUT/logs/$name.log" | grep -oE -m 1 '(already done|reused|restored|busy):')
       case "$rc:$said" in
@@ -367,16 +610,7 @@ echo "sweep $GRID: ${#LINES[@]} configurations: $TRAINED trained now, $DONE alre
 for b in "${BUSY[@]}"; do echo "  busy (locked by another live process; rerun later): $b"; done
 for f in "${FAILED[@]}"; do echo "  failed: $f"; done
 
-if [ "$GRID" = cpu-micro-seeds ]; then
-  NO_FIT=1  # one budget: no law to fit; dev/study_tables.py reads the seed spread
-fi
 if [ -z "${NO_FIT:-}" ]; then
-  mkdir -p "$OUT/fit"
-  if "$PYTHON" fit_laws.py "$RESULTS" --json "$OUT/fit/fit.json" --plots "$OUT/fit" > "$OUT/fit/report.txt" 2> "$OUT/fit/fit.err"; then
-    cat "$OUT/fit/report.txt"
-  else
-    echo "sweep.sh: fit_laws.py failed (see $OUT/fit/fit.err):" >&2; tail -n 3 "$OUT/fit/fit.err" >&2
-    [ "${#FAILED[@]}" -eq 0 ] && exit 1
-  fi
+  if ! run_fit && [ "${#FAILED[@]}" -eq 0 ]; then exit 1; fi
 fi
 [ "${#FAILED[@]}" -eq 0 ] && [ "${#BUSY[@]}" -eq 0 ]

@@ -18,7 +18,6 @@ import re
 from pathlib import Path
 
 from common import DataError
-from runs import read_final
 
 # 12 hex digits are 48 bits: 10^4 runs in one project collide with probability ~2e-7. The same identity
 # trained again in another folder (another OUT) continues the same wandb run: give it another project.
@@ -97,8 +96,7 @@ class EvalLog:
     writes nothing into the run folders it reads."""
 
     def __init__(self, project, group, run, folder):
-        final = read_final(Path(run["dir"]) / "final.json") or {}
-        self.wandb_run = start_wandb(project, group, run["run_id"], final.get("run"), None, folder)
+        self.wandb_run = start_wandb(project, group, run["run_id"], run["run_name"], None, folder)
 
     def write(self, row):
         if self.wandb_run is not None:

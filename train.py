@@ -13,7 +13,6 @@ Exit: 0 trained / "already done:" / "reused:" / "restored:"; 2 bad input or anot
 (no row) or a write failed (the last checkpoint is kept); 75 "busy:" (--out locked by a live process); 143
 interrupted (--resume continues it).
 """
-import argparse
 import contextlib
 import fcntl
 import json
@@ -32,12 +31,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import common
 import flops
 import tracking
-from common import DataError, append_row, atomic_write, count, positive_float, positive_int, positive_int_list
+from common import DataError, append_row, atomic_write
 from dataloader import RowLoader, load_tokenizer, read_meta
 from model import GPT
-from muonh import add_lr_args, build_optimizers, lr_multiplier
+from muonh import build_optimizers, lr_multiplier
 from runs import (finished_row, load_run_model, open_outputs, plan_run, restore_checkpoint, results_row,
-                  run_identity, save_checkpoint, settle)
+                  run_identity, save_checkpoint, settle, train_parser)
 
 # SIGTERM/SIGINT (preemption, Ctrl-C) only set this flag: the step in flight finishes, then every
 # rank agrees to stop, a checkpoint is written and the run exits; --resume continues it exactly.
@@ -63,37 +62,8 @@ def fail(msg, code=2):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = train_parser(__doc__)
     common.one_line_errors(p, "train.py")
-    flops.add_model_args(p)
-    p.set_defaults(vocab_size=None, seq_len=None)  # taken from the data's meta.json unless given
-    g = p.add_argument_group("horizon (pick one) and batch")
-    flops.budget_args(g)  # --flops C (tokens from flops.py) and --batch-tokens B
-    g.add_argument("--tokens", type=positive_float, help="training tokens D")
-    g.add_argument("--tokens-per-param", type=positive_float, help="D = this x N (non-embedding); default 20")
-    g.add_argument("--device-batch", type=count, default=0, help="rows per micro-batch per rank (0: auto, <= 16)")
-    add_lr_args(p)
-    g = p.add_argument_group("io and system")
-    g.add_argument("--data", default="data/fineweb", help="directory written by prepare_data.py")
-    g.add_argument("--out", default="", help="run directory (default runs/<run name>)")
-    g.add_argument("--results", default="", help="JSONL file the final row is appended to")
-    g.add_argument("--resume", action="store_true", help="continue from --out/ckpt.pt if it exists")
-    g.add_argument("--reuse-from", action="append", default=[],
-                   help="finished run folder to reuse if its identity is this one (repeatable: the first match)")
-    g.add_argument("--save-every", type=count, default=500, help="checkpoint every N steps (0: only end/signal)")
-    g.add_argument("--log-every", type=positive_int, default=10)
-    g.add_argument("--eval-rows", type=positive_int, default=512, help="fixed validation rows (held-out split)")
-    g.add_argument("--eval-r", type=positive_int_list, default=[],
-                   help="also evaluate at these loop counts, e.g. 2,8 (App. A)")
-    g.add_argument("--sample", type=count, default=0,
-                   help="print N sampled continuations of --prompt at the end (or of a finished run)")
-    g.add_argument("--prompt", default="The capital of France is", help="what --sample continues")
-    g.add_argument("--sample-tokens", type=positive_int, default=48, help="tokens per sample")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: bf16 on GPU")
-    g.add_argument("--compile", action="store_true", help="torch.compile the model (inductor, GPU or CPU)")
-    tracking.add_args(g)  # --wandb PROJECT, --wandb-group GROUP
     return p.parse_args(argv)
 
 
