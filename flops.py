@@ -4,12 +4,12 @@ Parameter counts and training FLOPs for the iso-depth looped transformer: the on
 Every number the scaling-law fit sees (N, N_once, N_rec, tokens D for a compute budget C) comes
 from here, and model.py builds its layout from the same `ModelConfig`, so the accounting and the
 instantiated network cannot drift apart (tests check both against each other and against
-torch's FlopCounterMode). Pure Python, no torch: fit_laws.py and sweep.sh import it too.
+torch's FlopCounterMode). Pure Python, no torch: fit_laws.py, laws.py and the sweep import it too.
 
     python flops.py --r 4 --scale 10                      # readable table
     python flops.py --r 4 --scale 10 --flops 1e18 --json  # one JSON object for scripts
     ./sweep.sh --grid paper --plan                        # pipes "name|train.py flags" lines into
-    python flops.py --plan --data DIR [--results F]       #   this: table, total, wall time, data check
+    python flops.py --plan --data DIR [--results F]       #   this (sweep_state.price_plan): table, total, time, data
 
 Conventions (paper §3.1; truncate-or-not App. D.1 for truncated loops):
   n_b  = 12 d^2 + 2d per block (4 attention + 2 MLP matrices, two block norms)
@@ -19,12 +19,10 @@ Conventions (paper §3.1; truncate-or-not App. D.1 for truncated loops):
 """
 import argparse
 import json
-import math
-import os
 import sys
 from dataclasses import asdict, dataclass
 
-from common import count, fail, finite_float, one_line_errors, positive_float, positive_int, read_rows
+from common import count, fail, finite_float, one_line_errors, positive_float, positive_int
 
 # The injection modes (paper §3.1, §5.2): what model.py builds, what flops.py counts, what the tests cover.
 INJECTIONS = ("linear", "additive", "passthrough", "hyper", "gated")
@@ -276,110 +274,7 @@ def budget_args(parser):
 
 
 # ----------------------------------------------------------------------------------------------
-# The command line: the table or JSON of one configuration, and pricing a sweep's plan (sweep.sh --plan)
-
-def read_data_meta(data_dir):
-    """A prepared dataset's meta.json through dataloader.read_meta (the one reader: a damaged file is one
-    line naming it; no checksum pass, train.py verifies the data when it starts), or None if there is none.
-    dataloader is imported here, not at the top: the rest of flops.py is pure Python."""
-    if not data_dir or not os.path.exists(os.path.join(data_dir, "meta.json")):
-        return None
-    from dataloader import read_meta
-    return read_meta(data_dir, verify=False)
-
-
-def training_files(meta):
-    """How many source files hold training data: every source but the whole validation files (with
-    --val-fraction every file is partly training data)."""
-    sources = meta.get("settings", {}).get("sources", [])
-    val_files = meta.get("split", {}).get("val_files", [])
-    return len(sources) - len(val_files)
-
-
-def data_shortfall(max_tokens, meta, data_dir):
-    """One line saying how far the prepared data falls short of the largest run, or None if it covers it.
-    A run that reads more tokens than the training split repeats data (a second epoch), which the
-    scaling law does not model (the paper trains on unique tokens, §4.1). Tokens per shard are this
-    dataset's own (after packing)."""
-    have = meta["train_tokens"]
-    if max_tokens <= have:
-        return None
-    msg = f"the largest run reads {max_tokens:,} tokens but {data_dir} holds {have:,} training tokens"
-    n_files = training_files(meta)
-    if n_files > 0:
-        per_file = have / n_files
-        msg += (f" ({n_files} training shard(s), ~{per_file / 1e6:.1f}M tokens each): prepare "
-                f">= {math.ceil(max_tokens / per_file)} training shards (prepare_data.py --shards N)")
-    else:
-        msg += f": prepare {max_tokens / have:.1f}x more training data"
-    return msg + ", or set ALLOW_REPEAT=1 to repeat data knowingly"
-
-
-def achieved_rate(results):
-    """(mean achieved FLOP/s per run of the rows in a results file, where it comes from), or (None, "")."""
-    if not results:
-        return None, ""
-    rows, _ = read_rows(results)  # a torn last line: fit_laws.py reports those, the estimate skips them
-    rates = [row["tokens_per_s"] * row["flops_per_token"] for row in rows
-             if row.get("tokens_per_s") and row.get("flops_per_token")]
-    if not rates:
-        return None, ""
-    return sum(rates) / len(rates), f"mean achieved rate of the {len(rates)} runs in {results}"
-
-
-def plan(lines, data_dir, results, flops_per_s):
-    """Price a sweep plan: one "name|train.py flags" line per run (sweep.sh writes them). Prints the
-    table, the total compute and a wall-time estimate; returns an exit status (2: the data is short)."""
-    meta = read_data_meta(data_dir)
-    parser = argparse.ArgumentParser(prog="flops.py --plan", add_help=False)
-    add_model_args(parser)
-    budget_args(parser)
-    rows = []
-    for line in lines:
-        if not line.strip():
-            continue
-        name, _, flags = line.rstrip("\n").partition("|")
-        args, _ = parser.parse_known_args(flags.split())  # train-only flags (--eval-rows, ...) are not ours
-        if meta:
-            args.vocab_size = meta["vocab_size"]
-            args.seq_len = meta["seq_len"]
-        if args.flops is None:
-            raise ValueError(f"plan line {name!r} has no --flops budget")
-        cfg = config_from_args(args)
-        rows.append((name, cfg, summary(cfg, args.flops, args.batch_tokens)))
-    if not rows:
-        raise ValueError("no plan lines on stdin (expected 'name|train.py flags')")
-    print(f"{'run':<34}{'r':>3}{'r_bwd':>6}{'s':>6}{'budget C':>11}{'N':>14}{'tokens D':>16}{'steps':>8}{'F*D':>12}")
-    for name, cfg, out in rows:
-        print(f"{name:<34}{cfg.r:>3}{cfg.r_bwd:>6}{cfg.scale:>6g}{out['flops_budget']:>11.3g}{out['n_params']:>14,}"
-              f"{out['tokens']:>16,}{out['steps']:>8,}{out['flops_actual']:>12.3e}")
-    total = sum(out["flops_actual"] for _, _, out in rows)
-    where_shape = ""
-    if not meta:
-        where_shape = f" (vocab/seq-len from flags: {data_dir or '--data'}/meta.json not found)"
-    print(f"{len(rows)} runs, total compute {total:.3e} FLOPs{where_shape}")
-    if flops_per_s:
-        rate, source = flops_per_s, "given --flops-per-s"
-    else:
-        rate, source = achieved_rate(results)
-    if rate:
-        print(f"estimated wall time {total / rate / 3600:,.1f} h at {rate:.3e} FLOP/s per run slot ({source})")
-    else:
-        print("estimated wall time: give --flops-per-s (e.g. 8 x 989e12 x MFU for one 8-GPU node) "
-              "or run a few configurations first")
-    largest = max(rows, key=lambda row: row[2]["tokens"])
-    if meta:
-        short = data_shortfall(largest[2]["tokens"], meta, data_dir)
-        if short is None:
-            print(f"data: {data_dir} holds {meta['train_tokens']:,} training tokens, the largest run "
-                  f"({largest[0]}) reads {largest[2]['tokens']:,}")
-        elif os.environ.get("ALLOW_REPEAT") == "1":
-            print(f"data (ALLOW_REPEAT=1): {short.split(': prepare')[0]}; runs will repeat data")
-        else:
-            print(f"flops.py: {short}", file=sys.stderr)
-            return 2
-    return 0
-
+# The command line: the table or JSON of one configuration; --plan forwards to sweep_state.py's pricer
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -396,8 +291,9 @@ def main():
     g.add_argument("--flops-per-s", type=positive_float, default=None, help="FLOP/s per run slot for the estimate")
     args = parser.parse_args()
     try:
-        if args.plan:
-            sys.exit(plan(sys.stdin, args.data, args.results, args.flops_per_s))
+        if args.plan:  # the pricer reads the prepared data: it lives with the sweep, so flops.py stays pure
+            from sweep_state import price_plan
+            sys.exit(price_plan(sys.stdin, args.data, args.results, args.flops_per_s))
         cfg = config_from_args(args)
     except ValueError as e:
         fail("flops.py", str(e))
