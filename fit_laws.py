@@ -14,6 +14,7 @@ counts and FLOPs come from flops.py. Without a sweep: python dev/synthetic_sweep
 the paper's grid with losses from a known law; dev/epoch_chinchilla.py refits Epoch's Chinchilla runs.
 """
 import argparse
+import ast
 import hashlib
 import json
 import math
@@ -646,12 +647,22 @@ def json_ready(analysis):
 # Reusing an analysis: sweep.sh fits each sweep into <OUT>/fit/fit.json; a later --compare of that sweep
 # (or a rerun) reads it back instead of refitting, when the rows, the options and the fitting code are the same.
 
+def code_of(path):
+    """A Python file as the interpreter sees it: its syntax tree without docstrings (comments are not in it), so
+    that editing a comment or a docstring of the fitting code leaves every stored analysis valid."""
+    tree = ast.parse(Path(path).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node):
+            node.body = node.body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
 def analysis_fingerprint(rows, options):
     """sha256 of everything an analysis depends on: the rows fitted, the fit options (restarts, resamples,
-    seed, Huber delta) and the source of the fitting code (this file and laws.py)."""
+    seed, Huber delta) and the fitting code (this file and laws.py, code_of)."""
     digest = hashlib.sha256(json.dumps({"rows": rows, "options": options}, sort_keys=True, default=str).encode())
     for source in (Path(__file__), Path(laws.__file__)):
-        digest.update(source.read_bytes())
+        digest.update(code_of(source).encode())
     return digest.hexdigest()
 
 
