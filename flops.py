@@ -257,13 +257,16 @@ def add_model_args(parser):
     parser.add_argument("--random-state-init", action="store_true", help="s_0 ~ N(0,1) ablation (App. C.2)")
 
 
-def config_from_args(args, vocab_size=None):
-    """ModelConfig from parsed add_model_args flags; raises ValueError with a one-line reason."""
+def config_from_args(args, vocab_size=None, seq_len=None):
+    """ModelConfig from parsed add_model_args flags (vocab_size and seq_len, when given, are the data's instead);
+    raises ValueError with a one-line reason."""
     if vocab_size is None:
         vocab_size = args.vocab_size
+    if seq_len is None:
+        seq_len = args.seq_len
     return ModelConfig(r=args.r, scale=args.scale, r_bwd=args.r_bwd, injection=args.injection,
                        hc_lanes=args.hc_lanes, depth=args.depth, prelude=args.prelude, coda=args.coda,
-                       recur=args.recur, head_dim=args.head_dim, vocab_size=vocab_size, seq_len=args.seq_len,
+                       recur=args.recur, head_dim=args.head_dim, vocab_size=vocab_size, seq_len=seq_len,
                        random_state_init=args.random_state_init)
 
 

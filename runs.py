@@ -94,14 +94,14 @@ def train_parser(description=""):
 
 
 def plan_run(args, meta, world):
-    """(config, steps) of train.py's flags on the data described by meta.json, for `world` ranks; every flag
-    checked against the data and the batch (DataError). Sets args.seq_len and an automatic args.device_batch."""
+    """(config, steps, rows per micro-batch) of train.py's flags on the data described by meta.json, for `world`
+    ranks; every flag checked against the data and the batch (DataError). The sequence length is the data's;
+    the micro-batch is --device-batch, or the largest of at most 16 rows that divides each rank's share."""
     for flag, given, have in (("--seq-len", args.seq_len, meta["seq_len"]),
                               ("--vocab-size", args.vocab_size, meta["vocab_size"])):
         if given not in (None, have):
             raise DataError(f"{flag} {given} does not match the data ({have}, {args.data}/meta.json)")
-    args.seq_len = meta["seq_len"]
-    cfg = flops.config_from_args(args, vocab_size=meta["vocab_size"])
+    cfg = flops.config_from_args(args, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
     if sum(x is not None for x in (args.flops, args.tokens, args.tokens_per_param)) > 1:
         raise DataError("give only one of --flops, --tokens, --tokens-per-param")
     if args.batch_tokens % cfg.seq_len:
@@ -110,21 +110,22 @@ def plan_run(args, meta, world):
     if rows_per_step % world:
         raise DataError(f"{rows_per_step} rows per step do not split over {world} ranks")
     rows_per_rank = rows_per_step // world
-    if not args.device_batch:
-        args.device_batch = max(b for b in range(1, 17) if rows_per_rank % b == 0)
-    if rows_per_rank % args.device_batch:
-        raise DataError(f"--device-batch {args.device_batch} does not divide the {rows_per_rank} rows per rank per step")
+    device_batch = args.device_batch
+    if not device_batch:
+        device_batch = max(b for b in range(1, 17) if rows_per_rank % b == 0)
+    if rows_per_rank % device_batch:
+        raise DataError(f"--device-batch {device_batch} does not divide the {rows_per_rank} rows per rank per step")
     if args.flops is not None:
         plan = flops.tokens_for_budget(cfg, args.flops, args.batch_tokens)
         check_horizon("--flops", args.flops, plan["flops_actual"], plan["steps"], args.batch_tokens, "FLOPs")
-        return cfg, plan["steps"]
+        return cfg, plan["steps"], device_batch
     if args.tokens:
         tokens, flag = args.tokens, "--tokens"
     else:
         tokens, flag = (args.tokens_per_param or 20) * flops.param_counts(cfg)["n_params"], "--tokens-per-param"
     steps = max(1, round(tokens / args.batch_tokens))
     check_horizon(flag, tokens, steps * args.batch_tokens, steps, args.batch_tokens, "tokens")
-    return cfg, steps
+    return cfg, steps, device_batch
 
 
 def run_identity(args, meta, cfg, steps):
@@ -254,28 +255,6 @@ def settle(out, run_id, identity, results, reuse_from, resume, rank=0):
         raise DataError(f"{Path(out) / 'ckpt.pt'} exists: pass --resume to continue it, or delete the folder to "
                         f"start over")
     return "train", None
-
-
-def results_row(run, val_loss, extra_eval, world):
-    """The results row of a finished train.py run (its namespace `run`): every ModelConfig field and count
-    (flops.summary), the horizon, losses, LRs, throughput, the data, the identity; all fit_laws.py needs."""
-    args, meta, progress = run.args, run.meta, run.progress
-    n_tokens = run.steps * args.batch_tokens
-    tokens_per_s = progress["tokens_per_s"]
-    mfu = flops.mfu(run.cfg, tokens_per_s, world, run.device_name) if tokens_per_s else None
-    data_keys = ("tokenizer_kind", "tokenizer_sha256", "vocab_size", "seq_len", "train_rows", "val_rows",
-                 "train_tokens", "command")
-    data_meta = {k: meta.get(k) for k in data_keys}
-    data_meta["dir"] = str(Path(args.data).resolve())
-    data_meta["epochs"] = run.train_loader.row / max(1, meta["train_rows"])
-    return run.summary | dict(
-        tokens=n_tokens, steps=run.steps, flops_actual=run.summary["flops_per_token"] * n_tokens,
-        val_loss=val_loss, train_loss=progress["train_loss"], **extra_eval, eval_rows=run.identity["eval_rows"],
-        seed=args.seed, tokens_per_s=tokens_per_s, mfu=mfu, wall_s=progress["wall_s"] + time.time() - run.t_start,
-        compile_s=run.compile_s, lrs=run.identity["lrs"], base_lrs=run.identity["base_lrs"],
-        lr_rule=run.identity["lr_rule"], world_size=world, device=run.device_name, dtype=run.identity["dtype"],
-        attention=run.backend, run=run.name, out=str(run.out), data_meta=data_meta, run_id=run.run_id,
-        identity=run.identity, finished=True)
 
 
 def finished_row(results, run_id):

@@ -74,7 +74,7 @@ def plan_runs(lines, data_dir, devices=DEVICES, world=1):
         for device in devices:  # --data first and --device last, as sweep.sh's train.py commands have them
             args = parse_flags(parser, name, ["--data", data_dir, *flags.split(), "--device", device])
             try:
-                cfg, steps = plan_run(args, meta, world)
+                cfg, steps, _ = plan_run(args, meta, world)
                 _, run_ids[device] = run_identity(args, meta, cfg, steps)
             except ValueError as e:
                 raise DataError(f"plan line {name}: {e}") from None

@@ -85,11 +85,6 @@ class RunLog:
             self.wandb_run.finish()
 
 
-def open_log(run):
-    """train.py's RunLog of its run namespace (out, args.wandb, args.wandb_group, run_id, name, identity)."""
-    return RunLog(run.out, run.args.wandb, run.args.wandb_group, run.run_id, run.name, run.identity)
-
-
 class EvalLog:
     """evaluate.py's rows of one finished run, added to that run's wandb summary (a no-op without --wandb):
     eval/<task>/r<r> holds the row. The wandb files go under `folder` (the --results file's), so evaluate.py

@@ -13,6 +13,7 @@ Exit: 0 trained / "already done:" / "reused:" / "restored:"; 2 bad input or anot
 (no row) or a write failed (the last checkpoint is kept); 75 "busy:" (--out locked by a live process); 143
 interrupted (--resume continues it).
 """
+import argparse
 import contextlib
 import fcntl
 import json
@@ -20,9 +21,10 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -35,12 +37,12 @@ from common import DataError, append_row, atomic_write
 from dataloader import RowLoader, load_tokenizer, read_meta
 from model import GPT
 from muonh import build_optimizers, lr_multiplier
-from runs import (finished_row, load_run_model, open_outputs, plan_run, restore_checkpoint, results_row,
-                  run_identity, save_checkpoint, settle, train_parser)
+from runs import (finished_row, load_run_model, open_outputs, plan_run, restore_checkpoint, run_identity,
+                  save_checkpoint, settle, train_parser)
 
-# SIGTERM/SIGINT (preemption, Ctrl-C) only set this flag: the step in flight finishes, then every
+# SIGTERM/SIGINT (preemption, Ctrl-C) only set this event: the step in flight finishes, then every
 # rank agrees to stop, a checkpoint is written and the run exits; --resume continues it exactly.
-stop_requested = []
+STOP = threading.Event()
 RANK = int(os.environ.get("RANK", 0))  # set by torchrun
 WORLD = int(os.environ.get("WORLD_SIZE", 1))
 # Divergence without NaN: a run starts at the uniform loss ln(V) (lm_head ~ 0 at init) and goes down;
@@ -62,9 +64,46 @@ def fail(msg, code=2):
 
 
 def parse_args(argv=None):
-    p = train_parser(__doc__)
-    common.one_line_errors(p, "train.py")
-    return p.parse_args(argv)
+    """train.py's flags (runs.train_parser: sweep_state.py parses planned runs with the same parser)."""
+    parser = train_parser(__doc__)
+    common.one_line_errors(parser, "train.py")
+    return parser.parse_args(argv)
+
+
+@dataclass
+class Run:
+    """Everything one training run holds, declared here and filled in phases: main() from the flags and the
+    data (nothing touched yet), setup() the devices, model, optimisers and data, train_loop() what it measures."""
+    # main(): what the flags and the data make of the run
+    args: argparse.Namespace
+    meta: dict                      # the prepared data's meta.json
+    cfg: flops.ModelConfig
+    steps: int
+    device_batch: int               # rows per micro-batch per rank (--device-batch, or plan_run's choice)
+    identity: dict                  # what makes two runs the same run (runs.run_identity)
+    run_id: str                     # its sha256
+    name: str                       # r4_s0.5_rb4_linear_C5e+12_seed0: the row's "run"
+    out: Path                       # the run folder
+    results: Path | None            # the results file the row is appended to
+    tokenizer: object | None        # --sample's tokenizer, loaded before the compute
+    # setup()
+    device: torch.device = None
+    autocast: object = None         # a torch.autocast for bf16 runs, else a no-op context
+    model: GPT = None
+    backend: str = ""               # the attention kernel: fa3, fa2 or sdpa
+    optimizers: list = field(default_factory=list)  # MuonH and AdamW (muonh.build_optimizers)
+    progress: dict = field(default_factory=dict)    # the loop's state a checkpoint keeps (runs.PROGRESS_KEYS)
+    train_loader: RowLoader = None
+    val_loader: RowLoader = None
+    val_batches: int = 0
+    compiled: torch.nn.Module = None                # torch.compile(model) with --compile, else the model
+    compile_s: float | None = None
+    ddp_model: torch.nn.Module = None               # what the loop calls: DDP(compiled) under torchrun
+    # train_loop()
+    summary: dict = field(default_factory=dict)     # flops.summary: the config's counts and FLOPs
+    device_name: str = ""
+    t_start: float = 0.0
+    log_file: tracking.RunLog | None = None         # log.jsonl (and the wandb run), rank 0 only
 
 
 # ----------------------------------------------------------------------------------------------
@@ -78,7 +117,7 @@ def main(argv=None):
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:  # bad data, layout, horizon, LR settings or tokenizer: one line
         meta = read_meta(args.data, verify=False)  # keys and sizes; checksums below, for a run not done
-        cfg, steps = plan_run(args, meta, WORLD)
+        cfg, steps, device_batch = plan_run(args, meta, WORLD)
         identity, run_id = run_identity(args, meta, cfg, steps)
         tokenizer = load_tokenizer(args.data) if args.sample else None  # --sample's file, checked before the compute
     except ValueError as e:
@@ -108,8 +147,7 @@ def main(argv=None):
         except BlockingIOError:
             print(f"busy: {out} is being trained by another process")
             return 75
-        run = SimpleNamespace(args=args, meta=meta, cfg=cfg, steps=steps, identity=identity, run_id=run_id,
-                              name=run_name, out=out, results=results, tokenizer=tokenizer)
+        run = Run(args, meta, cfg, steps, device_batch, identity, run_id, run_name, out, results, tokenizer)
         return train(run)
 
 
@@ -163,6 +201,8 @@ def train(run):
 # 2. Devices, model, optimisers, resume, data
 
 def setup(run):
+    """Fill in setup()'s fields of `run`: devices, the model and its optimisers, the checkpoint if resuming, the
+    data loaders, and the compiled / DDP-wrapped model the loop calls."""
     args, cfg = run.args, run.cfg
     run.device = torch.device("cpu")
     if args.device == "cpu":
@@ -189,15 +229,15 @@ def setup(run):
     if RANK == 0:
         run_json = {"run_id": run.run_id, "identity": run.identity}
         atomic_write(run.out / "run.json", (json.dumps(run_json, indent=1) + "\n").encode())
-    run.train_loader = RowLoader(args.data, "train", args.device_batch, RANK, WORLD, run.progress["train_row"])
+    run.train_loader = RowLoader(args.data, "train", run.device_batch, RANK, WORLD, run.progress["train_row"])
     eval_rows = run.identity["eval_rows"]
-    val_batch = max(1, min(args.device_batch, eval_rows // WORLD))
+    val_batch = max(1, min(run.device_batch, eval_rows // WORLD))
     run.val_loader = RowLoader(args.data, "val", val_batch, RANK, WORLD)
     run.val_batches = max(1, eval_rows // (val_batch * WORLD))
     run.compiled, run.compile_s = run.model, None
     if args.compile:
         with run.autocast:  # compiled for the dtype it trains in
-            run.compiled, run.compile_s = compile_or_eager(run.model, args.device_batch, cfg.seq_len)
+            run.compiled, run.compile_s = compile_or_eager(run.model, run.device_batch, cfg.seq_len)
     run.ddp_model = run.compiled
     if WORLD > 1:
         run.ddp_model = DDP(run.compiled, device_ids=[run.device.index] if run.device.type == "cuda" else None)
@@ -266,12 +306,12 @@ def diverged(run, why):
 
 def print_header(run):
     args, summary, n_tokens = run.args, run.summary, run.steps * run.args.batch_tokens
-    grad_accum = args.batch_tokens // run.cfg.seq_len // WORLD // args.device_batch
+    grad_accum = args.batch_tokens // run.cfg.seq_len // WORLD // run.device_batch
     lrs = ", ".join(f"{k} {v:.3g}" for k, v in run.identity["lrs"].items())
     print0(f"{run.name}: N {summary['n_params'] / 1e6:.2f}M (once {summary['n_once'] / 1e6:.2f}M, rec "
            f"{summary['n_rec'] / 1e6:.2f}M), {run.steps} steps x {args.batch_tokens:,} tokens = {n_tokens:,} tokens, "
            f"{summary['flops_per_token'] * n_tokens:.3e} FLOPs, run_id {run.run_id[:12]}\n  {WORLD} x "
-           f"{run.device_name}, {run.identity['dtype']}, attention {run.backend}, micro-batch {args.device_batch} rows "
+           f"{run.device_name}, {run.identity['dtype']}, attention {run.backend}, micro-batch {run.device_batch} rows "
            f"x {grad_accum} accumulation, LRs {lrs}")
     if n_tokens > run.meta["train_tokens"]:
         print0(f"WARNING: this run reads {n_tokens:,} tokens but {args.data} holds {run.meta['train_tokens']:,} "
@@ -308,7 +348,8 @@ def train_loop(run):
     diverged_above = math.log(run.cfg.vocab_size) + DIVERGED_NATS
     patience = max(1, min(DIVERGED_STEPS, run.steps // 10))
     run.t_start, timed_tokens, timed_seconds = time.time(), 0, 0.0
-    run.log_file = tracking.open_log(run) if RANK == 0 else None  # log.jsonl, and the wandb run with --wandb
+    if RANK == 0:  # log.jsonl, and the wandb run with --wandb
+        run.log_file = tracking.RunLog(run.out, args.wandb, args.wandb_group, run.run_id, run.name, run.identity)
     while progress["step"] < run.steps:
         t0 = time.time()
         train_loss, lr_mult = train_step(run, progress["step"], grad_accum)
@@ -328,7 +369,7 @@ def train_loop(run):
         progress["tokens_per_s"] = timed_tokens / timed_seconds if timed_seconds else args.batch_tokens / dt
         if RANK == 0 and (step % args.log_every == 0 or step == run.steps or step == 1):
             log_progress(run, lr_mult, (run.steps - step) * timed_seconds / max(1, step - 1))
-        stop = all_reduce_mean(float(bool(stop_requested)), run.device) > 0  # every rank stops together
+        stop = all_reduce_mean(float(STOP.is_set()), run.device) > 0  # every rank stops together
         periodic = args.save_every and step % args.save_every == 0 and step < run.steps
         if (stop or periodic) and not checkpoint(run, time.time() - run.t_start):
             return diverged(run, "the weights are no longer finite")
@@ -388,8 +429,8 @@ def finish(run):
     val_loss = validation_loss(run)
     extra_eval = {f"val_loss_r{r}": validation_loss(run, r) for r in run.args.eval_r}
     if RANK == 0:
-        row = results_row(run, val_loss, extra_eval, WORLD)
-        extra = "".join(f", r={k[10:]}: {v:.4f}" for k, v in extra_eval.items())
+        row = results_row(run, val_loss, extra_eval)
+        extra = "".join(f", r={r}: {extra_eval[f'val_loss_r{r}']:.4f}" for r in run.args.eval_r)
         print(f"final val loss {val_loss:.4f} nats/token{extra} | wall {row['wall_s'] / 60:.1f}m")
         try:  # a full disk leaves the old results file whole and no final.json: a rerun writes the row
             if run.results:
@@ -409,6 +450,30 @@ def finish(run):
     return 0
 
 
+def results_row(run, val_loss, extra_eval):
+    """The results row of a finished run: every ModelConfig field and count (flops.summary), the horizon, the
+    losses, LRs, throughput, the data, the identity and its run_id; all that fit_laws.py needs of a run."""
+    args, meta, progress = run.args, run.meta, run.progress
+    n_tokens = run.steps * args.batch_tokens
+    tokens_per_s = progress["tokens_per_s"]
+    mfu = None
+    if tokens_per_s:
+        mfu = flops.mfu(run.cfg, tokens_per_s, WORLD, run.device_name)
+    data_keys = ("tokenizer_kind", "tokenizer_sha256", "vocab_size", "seq_len", "train_rows", "val_rows",
+                 "train_tokens", "command")
+    data_meta = {k: meta.get(k) for k in data_keys}
+    data_meta["dir"] = str(Path(args.data).resolve())
+    data_meta["epochs"] = run.train_loader.row / max(1, meta["train_rows"])
+    return run.summary | dict(
+        tokens=n_tokens, steps=run.steps, flops_actual=run.summary["flops_per_token"] * n_tokens,
+        val_loss=val_loss, train_loss=progress["train_loss"], **extra_eval, eval_rows=run.identity["eval_rows"],
+        seed=args.seed, tokens_per_s=tokens_per_s, mfu=mfu, wall_s=progress["wall_s"] + time.time() - run.t_start,
+        compile_s=run.compile_s, lrs=run.identity["lrs"], base_lrs=run.identity["base_lrs"],
+        lr_rule=run.identity["lr_rule"], world_size=WORLD, device=run.device_name, dtype=run.identity["dtype"],
+        attention=run.backend, run=run.name, out=str(run.out), data_meta=data_meta, run_id=run.run_id,
+        identity=run.identity, finished=True)
+
+
 def print_samples(model, tokenizer, args, device, autocast):
     """--sample continuations of --prompt (temperature 0.8, top-k 50), seeded by --seed: a rerun prints the same."""
     with autocast:
@@ -419,5 +484,5 @@ def print_samples(model, tokenizer, args, device, autocast):
 
 if __name__ == "__main__":
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stop_requested.append(signum))
+        signal.signal(sig, lambda signum, frame: STOP.set())
     sys.exit(main())

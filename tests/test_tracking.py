@@ -20,7 +20,7 @@ import tracking
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--scale", "1", "--head-dim", "16", "--depth", "6", "--prelude", "1", "--coda", "1", "--batch-tokens", "512",
         "--ref-batch", "512", "--eval-rows", "64", "--log-every", "1", "--r", "2", "--tokens", "24576"]  # 48 steps
-STOP_AFTER_ONE_STEP = ("import signal, sys, train; train.stop_requested.append(signal.SIGTERM); "
+STOP_AFTER_ONE_STEP = ("import signal, sys, train; train.STOP.set(); "
                        "sys.exit(train.main(sys.argv[1:]))")
 # A Python where wandb is absent: a meta-path finder ahead of the others answers every import of it as a
 # missing module would, and records the attempt. argv[1] names the script's module.

@@ -8,6 +8,7 @@ import math
 import os
 import shutil
 import signal
+import threading
 import subprocess
 import sys
 import time
@@ -307,9 +308,10 @@ def derived_dataset(sample_data, dest, train_rows=None, flip_bytes=False):
 
 def stopped_after_one_step(sample_data, out, monkeypatch, *extra):
     """Run until the first step's SIGTERM check: a checkpoint at step 1, exit 143."""
-    monkeypatch.setattr(train, "stop_requested", [signal.SIGTERM])
+    monkeypatch.setattr(train, "STOP", threading.Event())
+    train.STOP.set()
     assert run_inprocess(sample_data, out, "--r", "2", "--tokens", "5120", *extra) == 143
-    monkeypatch.setattr(train, "stop_requested", [])
+    monkeypatch.setattr(train, "STOP", threading.Event())
 
 
 def exit_code(fn, *args):
