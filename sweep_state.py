@@ -391,8 +391,11 @@ def achieved_rate(results):
 
 
 def price_plan(lines, data_dir, results, flops_per_s):
-    """Price a sweep plan: one "name|train.py flags" line per run (sweep.sh writes them). Prints the
-    table, the total compute and a wall-time estimate; returns an exit status (2: the data is short)."""
+    """Price a sweep plan: one "name|train.py flags" line per run (sweep.sh writes them). Prints the table, the
+    total compute and a wall-time estimate; returns an exit status (2: the data is short). The vocabulary and
+    sequence length are data_dir's meta.json's (without one, the flags', and the total says so). The largest
+    run must read no more than the data's train_tokens (data_shortfall names the shards to prepare) unless
+    ALLOW_REPEAT=1. The wall time is at flops_per_s, else at the mean achieved FLOP/s of the rows in `results`."""
     meta = read_data_meta(data_dir)
     parser = argparse.ArgumentParser(prog="flops.py --plan", add_help=False)
     flops.add_model_args(parser)
