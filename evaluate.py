@@ -170,7 +170,7 @@ def score(model, seqs, n_conts, r, device, batch_tokens):
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]), reverse=True)
     start = 0
     while start < len(order):
-        width = len(seqs[order[start]]) - 1
+        width = len(seqs[order[start]]) - 1  # the longest left: sorted, so it sets this forward's width
         rows = order[start:start + max(1, batch_tokens // width)]
         start += len(rows)
         x = torch.zeros(len(rows), width, dtype=torch.long)
@@ -179,7 +179,7 @@ def score(model, seqs, n_conts, r, device, batch_tokens):
             T, n = len(seqs[i]) - 1, n_conts[i]
             x[b, :T] = torch.tensor(seqs[i][:-1])
             y[b, T - n:T] = torch.tensor(seqs[i][-n:])
-        logits = model(x.to(device), r=r)
+        logits = model(x.to(device), r=r)  # at r loops: the trained count or one of --eval-r (App. A)
         y = y.to(device)
         rows_of, cols = (y >= 0).nonzero(as_tuple=True)  # the continuation positions, row by row
         picked = logits[rows_of, cols].float()  # log-softmax only where it is read: (positions, vocab)
@@ -208,8 +208,8 @@ def evaluate_task(model, encoded, r, seq_len, bos, device, batch_tokens, label, 
         for gold, options in chunk:
             item = range(first, first + len(options))  # this item's options in windows and scores
             first += len(options)
-            mean = [scores[j][0] / windows[j][1] for j in item]
-            if len(options) == 1:
+            mean = [scores[j][0] / windows[j][1] for j in item]  # per token: long and short options compare
+            if len(options) == 1:  # language modelling: right when greedy decoding reproduces it
                 correct = scores[item[0]][1]
             else:
                 correct = mean.index(min(mean)) == gold
@@ -359,7 +359,7 @@ def evaluate_run(args, run, todo, categories, device, encodings, tokenizer):
             nats, tokens, correct, items, truncated = evaluate_task(
                 model, encoded, r, cfg.seq_len, tokenizer.bos_id, device, args.batch_tokens, f"{task['label']} r={r}",
                 args.scoring)
-        acc, b = correct / items, task["baseline"]
+        acc, b = correct / items, task["baseline"]  # centred accuracy (acc - b) / (1 - b): 0 at chance, 1 perfect
         row = {"run_id": run["run_id"], "run": run["name"], "out": str(run["dir"]), "task": task["label"],
                "category": category_of.get(task["label"]), "r": r, "trained_r": cfg.r, "loss": nats / tokens,
                "acc": acc, "acc_centered": (acc - b) / (1 - b), "random_baseline": b, "items": int(items),
