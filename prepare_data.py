@@ -222,15 +222,15 @@ def tokenize_and_pack(plan, tok, row_len, split_long, threads, out_paths):
     per-split stats, seconds, tokens/s and shared_docs (validation documents also in training, by hash)."""
     t0 = last_print = time.time()
     n_docs = sum(entry["docs"] for entry in plan)
-    hashes = {"train": array("q"), "val": array("q")}
+    hashes = {"train": array("q"), "val": array("q")}  # of each document's text: 8 bytes, not the text
     with open(out_paths["train"], "wb") as f_train, open(out_paths["val"], "wb") as f_val, \
-            ThreadPoolExecutor(1) as packing:
+            ThreadPoolExecutor(1) as packing:  # one packer thread: documents enter the rows in plan order
         packers = {"train": Packer(f_train, row_len, split_long), "val": Packer(f_val, row_len, split_long)}
 
         def pack(batch, token_ids):
             for (split, text), ids in zip(batch, token_ids):
                 hashes[split].append(hash(text))
-                packers[split].add_document(np.array([tok.bos_id, *ids], np.uint16))
+                packers[split].add_document(np.array([tok.bos_id, *ids], np.uint16))  # BOS opens every document
         done = None
         for batch in batches(plan):
             token_ids = tok.encode_batch([text for _, text in batch], threads)
@@ -246,7 +246,7 @@ def tokenize_and_pack(plan, tok, row_len, split_long, threads, out_paths):
         if done is not None:
             done.result()
         stats = {split: packer.finish() for split, packer in packers.items()}
-        for f in (f_train, f_val):
+        for f in (f_train, f_val):  # on disk before they are renamed into place (prepare)
             f.flush()
             os.fsync(f.fileno())
     seconds = time.time() - t0
