@@ -4,6 +4,11 @@ convention, the argparse value types, and crash-safe files (atomic writes, appen
 readers that name the file they could not read, a check of a record's structure). Pure Python: flops.py and
 fit_laws.py import it too.
 
+The two contracts every script keeps: an error the user must fix is one line on stderr, `<script>: <message>`,
+exit 2 for bad input and 1 for a failed write (argparse's errors too, its value types named for what they accept
+so that its message says it); and a file is whole or absent (atomic_write, append_row), never half-written, so a
+crash, a full disk or a second writer cannot leave a row or a checkpoint that looks valid and is not.
+
     from common import DataError, fail, one_line_errors, positive_int, atomic_write, append_row
 """
 import argparse

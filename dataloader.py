@@ -24,7 +24,7 @@ BOS_TOKEN = "<|bos|>"               # the BPE's one special token, the id after 
 SPLIT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}|"""
                  r""" ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+""")
 MAX_VOCAB = 65536                   # token ids are stored as uint16
-ROW_ORDER_SEED = 1234               # the data order of every run; change it to resample the order
+ROW_ORDER_SEED = 1234               # the data order of every run (RowLoader); change it to resample the order
 
 
 def sha256_file(path):
@@ -68,10 +68,13 @@ class Tokenizer:
         return self.encode_batch([text])[0]
 
     def decode(self, ids):
+        """Text of token ids; SentencePiece cannot decode EXTRA_TOKEN's id (it is past its pieces), so runs of it are
+        written out as the token's text and the rest decoded in between."""
         if self.kind == "bpe":
             return self._enc.decode(list(ids))
         runs = itertools.groupby(ids, key=lambda i: i == self.extra_id)
-        return "".join(EXTRA_TOKEN * len(list(g)) if extra else self._sp.decode(list(g)) for extra, g in runs)
+        return "".join(EXTRA_TOKEN * len(list(group)) if extra else self._sp.decode(list(group))
+                       for extra, group in runs)
 
 
 # The types meta.json's keys must have: a damaged or hand-edited file is refused here, by name, and not
@@ -82,7 +85,9 @@ META_TYPES = {"row_len": int, "seq_len": int, "vocab_size": int, "bos_id": int, 
 
 
 def read_meta(data_dir, verify=True):
-    """meta.json once the dataset checks whole: keys, .bin sizes, (verify: a full read) sha256s; else a DataError."""
+    """meta.json once the dataset checks whole: keys, .bin sizes, (verify: a full read) sha256s; else a DataError
+    naming the file. The full read costs about 1 s/GB; train.py pays it once per start of a run not done yet, so a
+    dataset changed after a run began cannot resume it."""
     path = Path(data_dir) / "meta.json"
     rebuild = f"rebuild with prepare_data.py (e.g. --shards 8 --out {data_dir}, or --source PATH)"
     if not path.exists():
@@ -132,8 +137,13 @@ def load_tokenizer(data_dir):
 
 class RowLoader:
     """Batches of rows from train.bin / val.bin (memory-mapped). next_batch() consumes world_size * batch_rows global
-    rows from self.row (save it to resume), rank k taking row + k + world_size * i. Row g is file row order(epoch)[g %
-    n_rows], a permutation seeded by ROW_ORDER_SEED and the epoch (file order: batches of one or two documents)."""
+    rows from self.row (save it to resume), rank k taking row + k + world_size * i: 8 GPUs, 2 CPU processes and one
+    process read the same tokens. Row g is file row order(epoch)[g % n_rows], a permutation seeded by
+    ROW_ORDER_SEED and the epoch, the same for every run and rank. Why not file order: the packer writes a
+    document's rows next to each other and a local corpus source after source, so a 16-row CPU batch would be one
+    or two web pages and the micro-corpus would be trained on in phases, web then books (that broke the first CPU
+    sweep: dev/README.md, "How the grid was fixed"). train.py's validation loader restarts at row 0 for every
+    evaluation, so it reads the same rows every time."""
 
     def __init__(self, data_dir, split, batch_rows, rank=0, world_size=1, start_row=0):
         meta = read_meta(data_dir, verify=False)  # sizes checked; train.py verified the checksums

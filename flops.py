@@ -12,10 +12,13 @@ torch's FlopCounterMode). Pure Python, no torch: fit_laws.py, laws.py and the sw
     python flops.py --plan --data DIR [--results F]       #   this (sweep_state.price_plan): table, total, time, data
 
 Conventions (paper §3.1; truncate-or-not App. D.1 for truncated loops):
-  n_b  = 12 d^2 + 2d per block (4 attention + 2 MLP matrices, two block norms)
+  n_b  = 12 d^2 + 2d per block (4 attention + 2 MLP matrices, two block norms; the paper's n_b drops the 2d)
   N    = N_once + N_rec, embeddings excluded, the three model-level norms (3d) included
   F    = 6 (P_prelude + P_coda + P_lm_head) + (2f + 6k)(P_recur + P_inj)
          + 12 (l_p + l_c) d T + (4f + 12k) l_recur d T          per token, f = r - k
+F is the 6N convention (2 FLOPs per parameter and token forward, 4 backward) over every loop that runs, plus
+what §3.1 adds to it: the unembedding matmul (6 d V) and attention's parameter-free QK^T and AV matmuls (12 d T
+per layer trained, not halved for causality). The same F prices a budget (tokens_for_budget) and an MFU.
 """
 import argparse
 import json
@@ -38,19 +41,21 @@ PEAK_BF16_FLOPS = {
 
 @dataclass
 class ModelConfig:
-    """Everything that fixes the shape of a looped model. model.py builds exactly this."""
+    """Everything that fixes the shape of a looped model. model.py builds exactly this. The paper's layout (§3.1)
+    is the default: depth 20 = 2 + r x 16/r + 2, d = 64 s, head dim 128. r = 1 without --recur is the plain stack
+    of `depth` layers; --r 1 --recur 16 is the looped layout run once (the CPU study's layout-matched r = 1)."""
     r: int = 4                      # recurrences of the shared block (train time)
     scale: float = 10               # width d = 64 * scale (fractions such as 0.5 for CPU-scale grids)
     r_bwd: int = 0                  # loops that get gradient (truncated BPTT); 0 means r
     injection: str = "linear"       # one of INJECTIONS (model.py's GPT.inject); "none" for the plain r = 1 stack
     hc_lanes: int = 2               # K, hyperconnection lanes
     depth: int = 20                 # effective depth l_p + r * l_recur + l_c
-    prelude: int = 2
-    coda: int = 2
+    prelude: int = 2                # l_p unshared layers before the loop (App. G.4 also runs 1 and 4)
+    coda: int = 2                   # l_c unshared layers after it
     recur: int = 0                  # layers in the shared block; 0 means (depth - prelude - coda) / r
-    head_dim: int = 128
-    vocab_size: int = 32064
-    seq_len: int = 2048
+    head_dim: int = 128             # the paper's; the CPU grids' widths need smaller heads
+    vocab_size: int = 32064         # the paper's V padded (32,001 ids, §4.1); train.py takes meta.json's
+    seq_len: int = 2048             # T: attention's FLOPs grow with it
     random_state_init: bool = False  # Huginn-style s_0 ~ N(0, 1) ablation (App. C.2)
 
     def __post_init__(self):
@@ -149,7 +154,8 @@ def injection_params(cfg):
 
 
 def param_counts(cfg):
-    """N, N_once, N_rec and the embeddings, exactly as model.py instantiates them."""
+    """N, N_once, N_rec and the embeddings, exactly as model.py instantiates them (§3.1: N_once = (l_p + l_c) n_b,
+    N_rec = l_recur n_b + n_i; at s = 10, N = 98.3M, 59.8M, 40.2M, 30.3M for r = 1, 2, 4, 8)."""
     d = cfg.d_model
     n_b = block_params(d)
     # The three model-level norms (3d) are booked in N_once: this reproduces the paper's reference
@@ -188,19 +194,23 @@ def flops_per_token(cfg):
 
 
 def effective_params(n_once, n_rec, r, phi):
-    """N_eff = N_once + r^phi * N_rec: the non-looped size with the same loss (paper Eq. 2)."""
+    """N_eff = N_once + r^phi * N_rec: the size of the non-looped model with the same loss at the same tokens D
+    (§3.2, the joint law's Eq. 3). phi = 1 counts every loop as unique layers, phi = 0 the shared block once."""
     return n_once + r ** phi * n_rec
 
 
 def reference_horizon(looped=True):
-    """D_ref of the LR transfer rule: 10 x effective (phi = 1) params of the s = 10 reference model,
-    r = 4 with linear injection for looped runs, r = 1 for the plain baseline (App. E)."""
+    """D_ref of the LR transfer rule: 10 x effective (phi = 1) params of the s = 10 reference model, r = 4 with
+    linear injection for looped runs, r = 1 for the plain baseline (App. E.1: the base-LR sweep ran at s = 10 with
+    10 tokens per parameter, ~1B tokens). 1,016,083,200 and 983,315,200 tokens."""
     counts = param_counts(ModelConfig(r=4 if looped else 1, scale=10))
     return 10 * effective_params(counts["n_once"], counts["n_rec"], 4 if looped else 1, 1.0)
 
 
 def tokens_for_budget(cfg, flops, batch_tokens):
-    """Steps and tokens for a compute budget C: steps = round(C / (F * B)), D = steps * B."""
+    """Steps and tokens for a compute budget C: steps = round(C / (F * B)), D = steps * B. The paper's D = C /
+    (3 F_fwd) (§4.1) in whole steps of B tokens: F is 3 F_fwd under full BPTT, less with forward-only loops, so a
+    truncated run reads more tokens for the same C. flops_actual = F * D, the budget actually spent."""
     F = flops_per_token(cfg)
     steps = max(1, round(flops / (F * batch_tokens)))
     tokens = steps * batch_tokens
@@ -239,21 +249,22 @@ def summary(cfg, flops=None, batch_tokens=2 ** 18, phi=None):
 
 def add_model_args(parser):
     """The architecture flags, shared by flops.py, train.py and anything else that builds a model."""
-    d = ModelConfig
-    parser.add_argument("--r", type=positive_int, default=d.r, help="recurrences of the shared block")
-    parser.add_argument("--scale", type=positive_float, default=d.scale, help="width d = 64 * scale")
+    defaults = ModelConfig
+    parser.add_argument("--r", type=positive_int, default=defaults.r, help="recurrences of the shared block")
+    parser.add_argument("--scale", type=positive_float, default=defaults.scale, help="width d = 64 * scale")
     parser.add_argument("--r-bwd", type=count, default=0, help="loops with gradient (truncated BPTT); default r")
-    parser.add_argument("--injection", default=d.injection, choices=INJECTIONS)
-    parser.add_argument("--hc-lanes", type=positive_int, default=d.hc_lanes, help="hyperconnection lanes K")
-    parser.add_argument("--depth", type=positive_int, default=d.depth, help="effective depth l_p + r*l_recur + l_c")
-    parser.add_argument("--prelude", type=count, default=d.prelude)
-    parser.add_argument("--coda", type=count, default=d.coda)
+    parser.add_argument("--injection", default=defaults.injection, choices=INJECTIONS)
+    parser.add_argument("--hc-lanes", type=positive_int, default=defaults.hc_lanes, help="hyperconnection lanes K")
+    parser.add_argument("--depth", type=positive_int, default=defaults.depth,
+                        help="effective depth l_p + r*l_recur + l_c")
+    parser.add_argument("--prelude", type=count, default=defaults.prelude)
+    parser.add_argument("--coda", type=count, default=defaults.coda)
     parser.add_argument("--recur", type=count, default=0,
                         help="layers in the shared block (fixed-parameter grids); default (depth-prelude-coda)/r")
-    parser.add_argument("--head-dim", type=positive_int, default=d.head_dim)
-    parser.add_argument("--vocab-size", "--vocab", dest="vocab_size", type=positive_int, default=d.vocab_size,
+    parser.add_argument("--head-dim", type=positive_int, default=defaults.head_dim)
+    parser.add_argument("--vocab-size", "--vocab", dest="vocab_size", type=positive_int, default=defaults.vocab_size,
                         help="vocabulary size (padded to 64)")
-    parser.add_argument("--seq-len", type=positive_int, default=d.seq_len)
+    parser.add_argument("--seq-len", type=positive_int, default=defaults.seq_len)
     parser.add_argument("--random-state-init", action="store_true", help="s_0 ~ N(0,1) ablation (App. C.2)")
 
 
@@ -286,12 +297,12 @@ def main():
     budget_args(parser)
     parser.add_argument("--phi", type=finite_float, default=None, help="also print N_eff for this phi")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    g = parser.add_argument_group("plan mode: price 'name|train.py flags' lines from stdin (sweep.sh --plan)")
-    g.add_argument("--plan", action="store_true", help="read the plan lines on stdin")
-    g.add_argument("--data", default="", help="prepared data: its meta.json sets vocab/seq-len and the token check "
-                                              "(ALLOW_REPEAT=1 lets a short dataset pass)")
-    g.add_argument("--results", default="", help="results file whose achieved FLOP/s set the wall-time estimate")
-    g.add_argument("--flops-per-s", type=positive_float, default=None, help="FLOP/s per run slot for the estimate")
+    plan = parser.add_argument_group("plan mode: price 'name|train.py flags' lines from stdin (sweep.sh --plan)")
+    plan.add_argument("--plan", action="store_true", help="read the plan lines on stdin")
+    plan.add_argument("--data", default="", help="prepared data: its meta.json sets vocab/seq-len and the token check "
+                                                 "(ALLOW_REPEAT=1 lets a short dataset pass)")
+    plan.add_argument("--results", default="", help="results file whose achieved FLOP/s set the wall-time estimate")
+    plan.add_argument("--flops-per-s", type=positive_float, default=None, help="FLOP/s per run slot for the estimate")
     args = parser.parse_args()
     try:
         if args.plan:  # the pricer reads the prepared data: it lives with the sweep, so flops.py stays pure

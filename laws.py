@@ -7,6 +7,16 @@ script around them (loading, checking, the analysis of a sweep, its report and p
 
     fit = fit_joint(rows, restarts=500)          # phi, A, alpha, B, beta, E, R2, RMSE, converged, ...
     law_loss(fit, n_once, n_rec, r, tokens)      # the fitted law's loss
+
+The laws (paper §3.2, §4.2-4.3), with N the non-embedding parameters and D the training tokens:
+    Chinchilla, per architecture (Eq. 2)   L = E + A N^-alpha + B D^-beta
+    joint, one law for every r (Eq. 3)     L = E + A (N_once + r^phi N_rec)^-alpha + B D^-beta
+phi is the worth of a recurrence: the shared block counts as r^phi unique copies of itself. phi = 0: looping
+adds nothing; phi = 1: a loop is worth a unique block, and at equal FLOPs every r would reach the same loss; the
+paper measures 0.46 [0.41, 0.53]. Both laws are fitted as Eq. 4 prescribes (App. E, "Optimisation details"):
+Huber loss on log L - log L_hat summed over runs, best of 500 random L-BFGS-B starts in a box. Around the fits:
+the block bootstrap's CIs (App. G.2), the budget halves (G.3), the residuals by r (G.1), the frontier (§4.2), the
+equivalence of model sizes (§1, App. G.5) and delta-phi between two sweeps (§5).
 """
 import math
 import os
@@ -53,12 +63,14 @@ MARKER_OF_R = {1: "o", 2: "s", 4: "^", 8: "D"}  # every figure's marker of each 
 
 
 def arch_label(key):
+    """An architecture's name in reports and legends: "r=1", or "r=4 bwd=2 linear"."""
     if key[0] == 1:
         return f"r={key[0]}"
     return f"r={key[0]} bwd={key[1]} {key[2]}"
 
 
 def by_arch(rows):
+    """{arch_key: its rows}, architectures in sorted order (r = 1 first): every per-architecture loop's order."""
     groups = {}
     for row in rows:
         groups.setdefault(arch_key(row), []).append(row)
@@ -71,7 +83,8 @@ def column(rows, key):
 
 
 def budget_levels(budgets, rtol=0.02):
-    """Each run's budget level, budgets within 2% merged (batch rounding), and each level's median, ascending."""
+    """Each run's budget level, budgets within 2% merged, and each level's median, ascending. The rows' budgets are
+    the planned C, but a level must also hold runs that recorded what they spent (F x D rounds to whole steps)."""
     budgets = np.asarray(budgets, dtype=float)
     level, groups = np.empty(len(budgets), dtype=int), []
     for i in np.argsort(budgets):
@@ -114,7 +127,9 @@ def _config_from_row(row, scale=None):
 
 def _problem(n_once, n_rec, r, D, L, phi=None, weights=None, delta=HUBER_DELTA):
     """The data of one fit as plain arrays (picklable for worker processes). phi=None fits phi; a
-    per-architecture law is the joint law with N_rec = 0 and phi fixed."""
+    per-architecture law is the joint law with N_rec = 0 and phi fixed. weights: how often each run counts
+    (a bootstrap resample's, resample_weights). The fit is on log L, so a residual is a relative error, and
+    Huber's delta = 1e-3 counts a run off the law by more than 0.1% linearly, not squared: an outlier pulls less."""
     if weights is None:
         weights = np.ones(len(L))
     n_free = 6 if phi is None else 5
@@ -165,6 +180,7 @@ def _objective(theta, prob):
 
 
 def predict_log(theta, prob):
+    """log L_hat of every run of `prob` at parameters theta (a, b, e, alpha, beta[, phi]): the law in log space."""
     a, b, e, alpha, beta = theta[:5]
     rphi = np.exp(_phi(theta, prob) * prob["logr"])
     x = np.log(prob["n_once"] + rphi * prob["n_rec"])
@@ -189,6 +205,7 @@ def _lbfgs(prob, x0):
 
 
 def _solve_each(task):
+    """One worker's share of a multistart: solve(data, x0) from each of its starts (top level, so it pickles)."""
     solve, data, starts = task
     return [solve(data, x0) for x0 in starts]
 
@@ -234,7 +251,8 @@ def _distinct_optima(runs, funs):
 
 
 def _fit(prob, starts, workers):
-    """Best of the L-BFGS-B runs (ties to the earlier start) and its fit statistics."""
+    """Best of the L-BFGS-B runs (ties to the earlier start) and its fit statistics. `hits` counts the restarts
+    that reached the best objective: a landscape with many local optima shows as few hits of 500."""
     runs = multistart(_lbfgs, prob, starts, workers)
     funs = np.array([run[0] for run in runs])
     fun, theta, ok, msg = runs[int(np.argmin(funs))]
@@ -263,6 +281,9 @@ def _fit(prob, starts, workers):
 # The laws: per architecture (Chinchilla) and joint over r with phi (iso-depth §3.2, §4.2-4.3)
 
 def _check_arrays(N, D, L, C, n_params, what):
+    """N, D, L as flat float arrays, refused (ValueError naming `what`) unless they are equally long, finite and
+    positive, more than the law's n_params, and from at least two budgets: at one budget N and D are tied by
+    C = F D, and the law cannot tell its N term from its D term."""
     N, D, L = (np.asarray(v, dtype=float).ravel() for v in (N, D, L))
     if not len(N) == len(D) == len(L):
         raise ValueError(f"{what}: N, D and L have different lengths ({len(N)}, {len(D)}, {len(L)})")
@@ -283,14 +304,16 @@ def _check_arrays(N, D, L, C, n_params, what):
 
 
 def fit_chinchilla(N, D, L, restarts=500, seed=0, workers=1, C=None, delta=HUBER_DELTA, weights=None, x0=None):
-    """Per-architecture law L = E + A N^-alpha + B D^-beta, best of `restarts` random L-BFGS-B starts (and `x0`):
-    a dict with A, B, E, alpha, beta, a, b, e, objective, r2, rmse, max_abs_resid, converged, hits, restarts."""
+    """Per-architecture law L = E + A N^-alpha + B D^-beta (Eq. 2, §4.2), best of `restarts` random L-BFGS-B starts
+    (and `x0`): a dict with A, B, E, alpha, beta, a, b, e, objective, r2, rmse, max_abs_resid, converged, hits,
+    restarts. Its exponents are not comparable across r (N means less under sharing, §4.2); its frontier is."""
     N, D, L = _check_arrays(N, D, L, C, 5, "fit_chinchilla")
     prob = _problem(N, np.zeros_like(N), np.ones_like(N), D, L, phi=0.0, weights=weights, delta=delta)
     return _fit(prob, _starts(prob, restarts, np.random.default_rng(seed), x0), workers)
 
 
 def _joint_arrays(rows):
+    """The JOINT_FIELDS columns of the rows as float arrays; ValueError naming the first one missing."""
     try:
         return {k: column(rows, k) for k in JOINT_FIELDS}
     except KeyError as err:
@@ -299,7 +322,8 @@ def _joint_arrays(rows):
 
 def fit_joint(rows, restarts=500, seed=0, phi=None, workers=1, delta=HUBER_DELTA, weights=None, x0=None):
     """Joint law L = E + A (N_once + r^phi N_rec)^-alpha + B D^-beta over all r with one shared (A, alpha, B,
-    beta, E, phi); `phi` fixed gives the restricted fit. Same return as fit_chinchilla plus phi."""
+    beta, E, phi) (Eq. 3, §4.3); `phi` fixed gives a restricted fit (§4.3 sets phi = 0 and phi = 1 against the
+    free fit). Same return as fit_chinchilla plus phi. phi needs two loop counts: at one r it is not identified."""
     c = _joint_arrays(rows)
     n_params = 6 if phi is None else 5
     _check_arrays(c["n_once"] + c["n_rec"], c["tokens"], c["val_loss"], c["flops_budget"], n_params, "fit_joint")
@@ -317,7 +341,8 @@ def law_loss(fit, n_once, n_rec, r, D):
 
 
 def residuals_by_r(fit, rows):
-    """Joint-fit residuals (actual - predicted, nats) per loop count: runs, RMSE, mean, max |.|."""
+    """Joint-fit residuals (actual - predicted, nats) per loop count: runs, RMSE, mean, max |.| (App. G.1, Table 8:
+    one shared phi fits every r alike when no r's residuals stand out)."""
     c = _joint_arrays(rows)
     resid = c["val_loss"] - law_loss(fit, c["n_once"], c["n_rec"], c["r"], c["tokens"])
     table = []
@@ -345,7 +370,8 @@ def budget_halves(rows):
 # Block bootstrap over (budget, r) cells (paper App. G.2) and delta-phi
 
 def bootstrap_cells(rows):
-    """Block structure of the bootstrap: each run's (budget, r) cell index and each cell's r."""
+    """Block structure of the bootstrap: each run's (budget, r) cell index and each cell's r. A cell holds every
+    width trained at one (budget, r), so a resample keeps or drops an iso-FLOPs curve whole (App. G.2)."""
     levels = budget_levels(column(rows, "flops_budget"))[0].tolist()
     cells = list(zip(levels, column(rows, "r").astype(int).tolist()))
     keys = sorted(set(cells))
@@ -370,9 +396,11 @@ def _ci95(draws):
 
 
 def bootstrap_joint(rows, fit, resamples=200, restarts=16, seed=0, workers=1, delta=HUBER_DELTA):
-    """95% percentile CIs of the joint-law parameters from a block bootstrap over (budget, r) cells. Each
-    refit starts from the full fit's distinct local optima plus `restarts` random starts instead of 500
-    random starts: checked to land on the 500-restart optimum in tests/test_fit_laws.py, dev/bench_fit.py."""
+    """95% percentile CIs of the joint-law parameters from a block bootstrap over (budget, r) cells (App. G.2: 200
+    resamples of the cells with replacement, the joint law refitted on each, the 2.5th and 97.5th percentiles).
+    Each refit starts from the full fit's distinct local optima plus `restarts` random starts instead of 500
+    random starts: checked to land on the 500-restart optimum in tests/test_fit_laws.py, dev/bench_fit.py.
+    frac_phi_le_0 and frac_phi_ge_1: the share of resamples at the two reference points (the paper: none)."""
     if resamples < 2:
         raise ValueError("bootstrap_joint: need at least 2 resamples")
     c = _joint_arrays(rows)
@@ -418,7 +446,8 @@ def compare_phi(boot_a, boot_b, fit_a, fit_b):
 
 def width_family(row, max_scale=None):
     """`row`'s architecture at every width d = head_dim * k up to `max_scale`: arrays scale, N, n_once, n_rec,
-    F (FLOPs per token) from flops.py; None if flops.py cannot rebuild the row's model and its n_params."""
+    F (FLOPs per token) from flops.py; None if flops.py cannot rebuild the row's model and its n_params. This is
+    §4.2's F(N), "the architecture's empirical per-token FLOPs at N", along which the frontier moves."""
     cfg = _config_from_row(row)
     if cfg is None or abs(flops.param_counts(cfg)["n_params"] - float(row["n_params"])) > 0.5:
         return None
@@ -450,8 +479,10 @@ def family_for_group(rows):
 
 
 def frontier_point(fit, family, C, r=1, joint=False):
-    """Compute-optimal allocation at budget C: minimise L(N, C / F(N)) over the width family, interpolated
-    monotonically (PCHIP) in log N. Returns N*, D*, L*, the width s* and whether N* is at the family's edge."""
+    """Compute-optimal allocation at budget C (§4.2): minimise L(N, C / F(N)) over the width family, interpolated
+    monotonically (PCHIP) in log N. Returns N*, D*, L*, the width s* and whether N* is at the family's edge (then
+    the optimum lies outside the widths the family spans and N* is only a bound). A grid of 4,001 points finds
+    the basin, a bounded scalar search refines it."""
     logN = np.log(family["N"])
     logF = PchipInterpolator(logN, np.log(family["F"]))
     if joint:
@@ -480,7 +511,8 @@ def frontier_point(fit, family, C, r=1, joint=False):
 
 
 def compute_frontier(rows, per_arch, joint_fit, budgets):
-    """Frontier per architecture and budget from its own law and the joint law, with the gap to r = 1."""
+    """Frontier per architecture and budget from its own law and the joint law, with the gap to r = 1: L* - L*(r=1)
+    at the same budget, the comparison §4.2 makes across r (the paper: r = 2, 4, 8 trail by 0.03-0.12 nats)."""
     out = []
     for key, grp in by_arch(rows).items():
         family = family_for_group(grp)
@@ -504,6 +536,7 @@ def compute_frontier(rows, per_arch, joint_fit, budgets):
 # ----------------------------------------------------------------------------------------------
 # Equivalence calculator (iso-depth §1, App. G.5)
 
+# The layout fields the equivalence keeps from a fitted sweep's row (the width and r are its arguments).
 EQUIV_LAYOUT = ("injection", "hc_lanes", "depth", "prelude", "coda", "head_dim", "vocab_size", "seq_len")
 
 
@@ -519,7 +552,9 @@ def _same_as_r1(family, key, target):
 
 def equivalence(r, scale, phi, layout=None):
     """A looped model (r, s), its N and N_eff(phi), against the r = 1 models of its effective depth with the same
-    loss (N = N_eff at the same D, paper Eq. 3) and with the same training FLOPs per token (about the same s)."""
+    loss (N = N_eff at the same D, paper Eq. 3) and with the same training FLOPs per token (about the same s). The
+    paper's example (§1, App. G.5): at r = 4 and phi = 0.46 a 410M looped model reaches the loss of a 580M
+    non-looped one and costs the FLOPs of a 1B one."""
     layout = layout or {}
     kw = {k: layout[k] for k in EQUIV_LAYOUT if k in layout}
     looped = flops.ModelConfig(r=int(r), scale=int(scale), **kw)

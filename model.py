@@ -19,6 +19,8 @@ Options, all fixed by ModelConfig:
   r_bwd      truncated BPTT: only the last r_bwd loops carry gradient (§5.1)
   forward(..., r=...) evaluates with a different loop count than trained (App. A).
   generate() samples a ragged batch through a KVCache with one layer per executed layer (§2, App. D).
+
+"The authors' code" below: nanochat/gpt.py of https://github.com/kschwethelm/looped-lm-scaling (their fork).
 """
 import math
 
@@ -30,9 +32,9 @@ from flops import ModelConfig
 from fused_loss import LinearSoftcapCrossEntropy
 from muonh import GROUP_NAMES
 
-LOGIT_SOFTCAP = 15.0
-NORM_EPS = 1e-6
-ROPE_BASE = 10000.0
+LOGIT_SOFTCAP = 15.0  # nanochat's: logits stay in (-15, 15), computed in fp32
+NORM_EPS = 1e-6  # every RMSNorm's, the blocks', the model-level ones and QK-norm
+ROPE_BASE = 10000.0  # nanochat's
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,9 +74,9 @@ def causal_attention(q, k, v, backend):
 
 
 def embedding_dtype(device_type):
-    """dtype of the token embedding's output: bf16 under bf16 autocast (the GPU default), as the
-    authors' code casts wte to bf16 on GPU (§4.1: bf16 training); otherwise None (keep the weight's dtype, so
-    CPU/fp32 is unchanged). nn.Embedding is not autocast, so the stream would otherwise start fp32."""
+    """dtype of the token embedding's output: bf16 under bf16 autocast (the GPU default), as App. C.1's embeddings are
+    "cast to bf16" (the authors' code casts wte itself on CUDA); otherwise None (keep the weight's dtype, so CPU/fp32
+    is unchanged). nn.Embedding is not autocast, so the stream would otherwise start fp32."""
     if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16:
         return torch.bfloat16
     return None
@@ -113,6 +115,8 @@ def apply_rope(x, cos, sin):
 
 
 class Attention(nn.Module):
+    """Causal multi-head self-attention, no GQA (§4.1, Table 4): RoPE, then parameter-free QK-norm, then the kernel."""
+
     def __init__(self, cfg):
         super().__init__()
         d = cfg.d_model
@@ -171,11 +175,11 @@ class Block(nn.Module):
 # Sampling: a KV cache exact across recurrences, and the next-token draw
 
 class KVCache:
-    """Keys and values of every executed layer, preallocated as (layers, B, heads, T_max, head_dim), for
-    rows left-padded to the longest prompt. Each recurrence sees a different hidden state, so the exact
-    cache (kv_budget = r) holds prelude + r*recur + coda layers, the effective depth: iso-depth keeps
-    the plain model's KV memory (§2, App. D). kv_budget < r approximates (the authors' fork): recurrent
-    layer j at iteration i uses slot i mod kv_budget, reading the last such iteration's earlier keys."""
+    """Keys and values of every executed layer, preallocated as (layers, B, heads, T_max, head_dim), for rows
+    left-padded to the longest prompt. Each recurrence sees a different hidden state, so the exact cache
+    (kv_budget = r) holds prelude + r*recur + coda layers, the effective depth: iso-depth keeps the plain model's
+    KV memory (§2, App. D). kv_budget < r approximates, as the authors' code does: recurrent layer j at iteration i
+    uses slot i mod kv_budget, reading the last such iteration's earlier keys (its cost: dev/bench_generate.py)."""
 
     def __init__(self, cfg, r, lengths, max_len, kv_budget=None, device=None):
         self.r = r
@@ -211,7 +215,7 @@ class KVCache:
     def attend(self, q, k, v):
         """Store this layer's new keys and values (q, k, v: (B, T, H, D)) and attend over all columns
         with SDPA and an explicit mask, on CPU and GPU alike (FlashAttention is the training path's)."""
-        slot = self.slots[self.layer]
+        slot = self.slots[self.layer]  # layers run in execution order, so the count says which one this is
         self.layer += 1
         if self.k is None:
             self.k = torch.zeros(self.shape, dtype=k.dtype, device=k.device)
@@ -239,17 +243,20 @@ def sample_next(logits, temperature, top_k, generator):
 # The looped model
 
 class GPT(nn.Module):
+    """The looped model of the module docstring: prelude, a shared block of `recur` layers run r times behind the
+    injection, coda. cfg (flops.ModelConfig) fixes every shape, so flops.py counts exactly its parameters and FLOPs."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         d, K = cfg.d_model, cfg.hc_lanes
-        self.wte = nn.Embedding(cfg.padded_vocab, d)
-        self.norm_embed = RMSNorm(d)
+        self.wte = nn.Embedding(cfg.padded_vocab, d)  # untied from lm_head: each has its own AdamW LR
+        self.norm_embed = RMSNorm(d)  # model-level norm 1 of 3 (App. C.1): the embedding's
         self.prelude = nn.ModuleList(Block(cfg) for _ in range(cfg.prelude))
         self.recur = nn.ModuleList(Block(cfg) for _ in range(cfg.recur))  # shared by all r loops
         self.coda = nn.ModuleList(Block(cfg) for _ in range(cfg.coda))
-        self.norm_recur = RMSNorm(d)  # ends every recurrence, keeps the state's scale fixed
-        self.norm_final = RMSNorm(d)
+        self.norm_recur = RMSNorm(d)  # 2 of 3: ends every recurrence, keeps the state's scale fixed
+        self.norm_final = RMSNorm(d)  # 3 of 3: before lm_head
         self.lm_head = nn.Linear(d, cfg.padded_vocab, bias=False)
         if cfg.injection == "linear":
             self.w_inj = nn.Linear(2 * d, d, bias=False)  # u = W_inj [e; s]
@@ -262,9 +269,9 @@ class GPT(nn.Module):
             self.hc_mix = nn.Parameter(torch.zeros(cfg.r, K, K))
             self.hc_beta = nn.Parameter(torch.zeros(cfg.r, K))
         cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, None)
-        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_cos", cos, persistent=False)  # rebuilt from cfg, never checkpointed
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.backend = ("sdpa", None)
+        self.backend = ("sdpa", None)  # set_device_backend picks FlashAttention once the model is on a GPU
         self.init_weights()
 
     @torch.no_grad()
@@ -273,11 +280,11 @@ class GPT(nn.Module):
         sphere of its initial Frobenius norm, so a zero matrix would stay zero forever."""
         d = self.cfg.d_model
         nn.init.normal_(self.wte.weight, mean=0.0, std=1.0)
-        nn.init.normal_(self.lm_head.weight, mean=0.0, std=1e-3)
+        nn.init.normal_(self.lm_head.weight, mean=0.0, std=1e-3)  # near-zero logits: the first loss is ~ln V
         a, a_proj = math.sqrt(3 / d), math.sqrt(3 / (4 * d))
         for block in [*self.prelude, *self.recur, *self.coda]:
-            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.attn.c_proj, block.mlp.c_fc):
-                nn.init.uniform_(lin.weight, -a, a)
+            for projection in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.attn.c_proj, block.mlp.c_fc):
+                nn.init.uniform_(projection.weight, -a, a)
             nn.init.uniform_(block.mlp.c_proj.weight, -a_proj, a_proj)  # fan-in 4d
         for module in self.modules():
             if isinstance(module, RMSNorm):
@@ -306,9 +313,9 @@ class GPT(nn.Module):
         Every parameter is claimed by name in optimizer_group; one that no rule claims is an error."""
         groups = {name: [] for name in GROUP_NAMES}
         modules = dict(self.named_modules())
-        for name, p in self.named_parameters():
+        for name, param in self.named_parameters():
             owner = modules[name.rpartition(".")[0]]
-            groups[self.optimizer_group(name, owner)].append(p)
+            groups[self.optimizer_group(name, owner)].append(param)
         return groups
 
     def optimizer_group(self, name, owner):
@@ -332,6 +339,7 @@ class GPT(nn.Module):
     # -- the recurrence ------------------------------------------------------------------------
 
     def initial_state(self, e):
+        """s_0 (App. C.2): e itself, zeros for additive (so u_1 = e), or N(0, 1) with --random-state-init."""
         if self.cfg.random_state_init:  # Huginn-style ablation (App. C.2): redrawn every forward
             return torch.randn_like(e)
         return torch.zeros_like(e) if self.cfg.injection == "additive" else e
@@ -348,6 +356,7 @@ class GPT(nn.Module):
         return s  # passthrough, and the plain r = 1 stack ("none")
 
     def run_shared(self, u, rope, cache=None):
+        """One recurrence: the shared layers on u, then norm_recur, so every state has the same scale (App. C.1)."""
         for block in self.recur:
             u = block(u, rope, self.backend, cache)
         return self.norm_recur(u)
@@ -356,7 +365,7 @@ class GPT(nn.Module):
         """Run r loops; only the last r_bwd build an autograd graph (truncated BPTT, §5.1)."""
         if self.cfg.injection == "hyper":
             return self.hyper_recurrence(e, r, rope, cache)
-        grad_on = torch.is_grad_enabled()
+        grad_on = torch.is_grad_enabled()  # off in evaluation and generate(): then no loop builds a graph
         s = self.initial_state(e)
         for t in range(r):
             # Early loops run under no_grad: no activations kept, no backward FLOPs. Their output
@@ -371,9 +380,9 @@ class GPT(nn.Module):
         runs the block, and writes lanes <- M_t lanes + beta_t (x) s. The coda reads the lane sum.
         All three are matmuls on the flattened lanes, so flops.py counts them as (K^2 + 2K) d."""
         K, shape = self.cfg.hc_lanes, e.shape
-        # The lanes accumulate r block outputs; like the authors' code they stay fp32 under
-        # autocast (the lane arithmetic runs with autocast off), so the coda reads an fp32 sum.
-        # On CPU/fp32 every .float() is a no-op and the result is unchanged bit for bit.
+        # The lanes accumulate r block outputs, so they stay fp32 under autocast (the lane arithmetic runs with
+        # autocast off) and the coda reads an fp32 sum; the authors' code keeps fp32 lanes too (its fp32 beta_t
+        # promotes them). On CPU/fp32 every .float() is a no-op and the result is unchanged bit for bit.
         lanes = e.float().reshape(1, -1).expand(K, -1)
         for t in range(r):
             step = min(t, self.cfg.r - 1)  # beyond the trained r (r_eval > r) reuse the last step
@@ -386,9 +395,8 @@ class GPT(nn.Module):
         return lanes.sum(0).view(shape)
 
     def forward(self, idx, targets=None, r=None):
-        """idx (B, T) token ids. Returns mean cross-entropy (nats/token) if targets are given,
-        else fp32 logits (B, T, vocab). `r` overrides the loop count (evaluation only keeps
-        the trained truncation when r equals the training r)."""
+        """idx (B, T) token ids. Returns mean cross-entropy (nats/token) if targets are given, else fp32 logits
+        (B, T, vocab). `r` overrides the loop count (only r = the trained r keeps its truncation, r_bwd)."""
         cfg = self.cfg
         r = cfg.r if r is None else r
         r_bwd = cfg.r_bwd if r == cfg.r else r
@@ -433,15 +441,14 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=None, generator=None, stop_id=None,
                  r=None, use_cache=True, kv_budget=None):
-        """Continue each prompt (token-id lists, any lengths, one batch) by up to max_new_tokens; returns
-        the new tokens per row (list of lists). A row ends after emitting stop_id, which it keeps.
-        temperature <= 0 is greedy, top_k keeps the k likeliest ids, generator (a torch.Generator; None:
-        the global RNG) is one stream for the batch, so only a greedy row is independent of the others.
-        r is the loop count (default the trained r, App. A).
-        use_cache prefills the left-padded batch once and decodes a token at a time through a KVCache
-        (kv_budget < r: approximate); use_cache=False reruns each row's whole context every token (the
-        reference). Neither crops: past seq_len, RoPE extrapolates. A longer prompt is refused."""
-        rows = [[int(t) for t in p] for p in prompts]
+        """Continue each prompt (token-id lists, any lengths, one batch) by up to max_new_tokens; returns the new
+        tokens per row (list of lists). A row ends after emitting stop_id, which it keeps. temperature <= 0 is greedy,
+        top_k keeps the k likeliest ids, generator (a torch.Generator; None: the global RNG) is one stream for the
+        batch, so only a greedy row is independent of the others. r is the loop count (default the trained r, App. A).
+        use_cache prefills the left-padded batch once and decodes a token at a time through a KVCache (kv_budget < r:
+        approximate); use_cache=False reruns each row's whole context every token (the reference). Neither crops: past
+        seq_len, RoPE extrapolates. A longer prompt is refused."""
+        rows = [[int(token) for token in prompt] for prompt in prompts]
         longest = max(len(row) for row in rows)
         if longest > self.cfg.seq_len:
             raise ValueError(f"prompt of {longest} tokens is longer than the model's context of "

@@ -1,11 +1,10 @@
 """
 MuonH, the AdamW side of the optimiser split, and the learning-rate rule (paper §4.1, App. E).
 
-Every 2-D matrix inside the blocks (and the injection matrix W_inj) is trained by MuonH: an
-orthogonalised, Nesterov-momentum update whose size is a fixed fraction `lr` of the matrix's
-Frobenius norm, followed by a projection back onto the sphere ||W||_F = R = ||W_0||_F. The
-embedding, lm_head, RMSNorm scales and hyperconnection parameters are trained by torch's own AdamW.
-The learning rates follow the muP/HyperP transfer rule anchored at the paper's s = 10 model.
+Every 2-D matrix inside the blocks (and the injection matrix W_inj) is trained by MuonH: an orthogonalised,
+Nesterov-momentum update whose size is a fixed fraction `lr` of the matrix's Frobenius norm, followed by a projection
+back onto the sphere ||W||_F = R = ||W_0||_F. The embedding, lm_head, RMSNorm scales and hyperconnection parameters
+are trained by torch's own AdamW. The learning rates follow the muP/HyperP transfer rule anchored at s = 10 (App. E).
 
     from muonh import build_optimizers, learning_rates, lr_multiplier
     lrs = learning_rates(d_model=640, batch_tokens=2**18, tokens=D, tokens_ref=D_ref)
@@ -14,9 +13,8 @@ The learning rates follow the muP/HyperP transfer rule anchored at the paper's s
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * lr_multiplier(step, total_steps)
 
-Depends only on torch. Under torch.distributed (gradients already averaged, e.g. by DDP) MuonH
-splits the Newton-Schulz work across ranks and all-gathers the results, so every rank ends each
-step with bit-identical weights.
+Depends only on torch. Under torch.distributed (gradients already averaged, e.g. by DDP) MuonH splits the
+Newton-Schulz work across ranks and all-gathers the results, so every rank ends each step with bit-identical weights.
 """
 import math
 
@@ -63,11 +61,10 @@ QUINTIC_COEFFICIENTS = ((3.4445, -4.7750, 2.0315),) * 5
 # interval becomes the next [lo, hi]. The cushion and the 1e-3 lower bound are the paper's values.
 POLAR_EXPRESS_LOWER = 1e-3
 POLAR_EXPRESS_CUSHION = 0.02407327424182761
-# [decision] safety 0.01: each polynomial is evaluated at s / 1.01, so singular values that bf16
-# rounding pushes slightly above the tracked interval are still pulled back towards 1 instead of
-# being amplified by the steep high-degree term. Measured (dev/bench_muonh.py): without it the bf16
-# output overshoots its own promised band (max singular value 1.17 against 1.12); with it the output
-# stays in [0.86, 1.135] against the promised [0.860, 1.134].
+# [decision] safety 0.01: each polynomial is evaluated at s / 1.01, so singular values that bf16 rounding pushes
+# slightly above the tracked interval are still pulled back towards 1 instead of being amplified by the steep
+# high-degree term. Measured (dev/bench_muonh.py): without it the bf16 output overshoots its own promised band
+# (max singular value 1.17 against 1.12); with it the output stays in [0.86, 1.135] against the promised [0.860, 1.134].
 POLAR_EXPRESS_SAFETY = 0.01
 
 
@@ -163,10 +160,11 @@ class MuonH(torch.optim.Optimizer):
     where R = ||W_0||_F is recorded at the first step. There is no weight decay: on the sphere it
     would only shrink W radially and the projection would undo it (App. E).
 
-    Matrices of equal shape (across all param groups) are orthogonalised as one batched matmul
-    chain. ns_coefficients: "polar_express" (default), "quintic" or an explicit sequence of
-    (a, b, c). shard_across_ranks: under torch.distributed with world_size > 1, each rank
-    orthogonalises a contiguous share of every shape's stack and the results are all-gathered.
+    Matrices of equal shape (across all param groups) are orthogonalised as one batched matmul chain (at s = 10,
+    r = 4: stacks of 32, 8, 8 and 1). ns_coefficients: "polar_express" (default), "quintic" or an explicit sequence
+    of (a, b, c). shard_across_ranks: under torch.distributed with world_size > 1, each rank orthogonalises a
+    contiguous share of every shape's stack and the results are all-gathered. The state (the momentum buffer and R)
+    is in state_dict(), so a resumed run continues bit for bit.
     """
 
     def __init__(self, params, lr=BASE_LRS["matrix"], momentum=0.95, ns_coefficients="polar_express",
@@ -197,14 +195,14 @@ class MuonH(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """One update of every matrix with a gradient, in the three phases below (the class docstring's formulas)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
 
-        # 1. Momentum and the Nesterov blend, per matrix; bucket the blended updates by shape.
-        # Every rank does this for every matrix, so the momentum state stays replicated and any
-        # rank's checkpoint can resume the run.
+        # 1. Momentum and the Nesterov blend, per matrix; bucket the blended updates by shape. Every rank does this
+        # for every matrix, so the momentum state stays replicated and any rank's checkpoint can resume the run.
         buckets = {}  # (shape, device) -> list of (param, group, update U)
         for group in self.param_groups:
             mu = group["momentum"]
@@ -297,8 +295,10 @@ def learning_rates(d_model, batch_tokens, tokens, tokens_ref, base_lrs=BASE_LRS,
             normalised to a fixed fraction of ||W||_F, which is already width-invariant.
     AdamW:  base * (d/d0)^(-width_exp); embedding and unembedding also * (B/B0)^batch_exp; norms
             and hyperconnections get no batch factor; AdamW gets no data factor.
-    tokens_ref (D_ref) comes from flops.reference_horizon(): 1,016,083,200 tokens for looped runs,
-    983,315,200 for r = 1. ref_width / ref_batch (tokens) re-anchor the rule (the CPU grid, as App. E anchors the paper at s = 10).
+    tokens_ref (D_ref) comes from flops.reference_horizon(): 1,016,083,200 tokens for looped runs, 983,315,200 for
+    r = 1. ref_width / ref_batch (tokens) re-anchor the rule (the CPU grids, as App. E anchors the paper at s = 10).
+    App. E.2 checks the transfer: the base LR 0.014 stays within 0.005 nats of each optimum for s in {8, 10, 14} and
+    10-40 tokens per parameter.
     """
     if min(d_model, batch_tokens, tokens, tokens_ref, ref_width, ref_batch) <= 0:
         raise ValueError("learning_rates: widths, batch and token counts must be positive")
@@ -319,23 +319,24 @@ def learning_rates(d_model, batch_tokens, tokens, tokens_ref, base_lrs=BASE_LRS,
 def add_lr_args(parser):
     """train.py's LR flags: base LRs at the reference and the transfer rule's exponents and anchors.
     lr_settings(args) turns the parsed flags into (base_lrs, rule) for learning_rates(base_lrs, **rule)."""
-    g = parser.add_argument_group("learning rates (base values at the reference; transfer rule applied)")
+    group = parser.add_argument_group("learning rates (base values at the reference; transfer rule applied)")
     for name, lr in BASE_LRS.items():
-        g.add_argument(f"--lr-{name}", type=finite_float, default=lr)
-    g.add_argument("--batch-exp", type=finite_float, default=BATCH_EXP, help="LR ~ (B/B_ref)^batch_exp")
-    g.add_argument("--data-exp", type=finite_float, default=DATA_EXP, help="MuonH LR ~ (D/D_ref)^-data_exp")
-    g.add_argument("--width-exp", type=finite_float, default=WIDTH_EXP, help="AdamW LR ~ (d/d_ref)^-width_exp")
-    g.add_argument("--ref-width", type=positive_int, default=REF_WIDTH, help="d_ref of the transfer rule")
-    g.add_argument("--ref-batch", type=positive_int, default=REF_BATCH_TOKENS, help="B_ref of the transfer rule")
-    g.add_argument("--ref-tokens", type=finite_float, default=0,
-                   help="D_ref of the transfer rule (0: 10x effective params of the s=10 reference, flops.py)")
-    g.add_argument("--final-lr-frac", type=finite_float, default=FINAL_LR_FRAC, help="linear decay ends at this fraction")
+        group.add_argument(f"--lr-{name}", type=finite_float, default=lr)
+    group.add_argument("--batch-exp", type=finite_float, default=BATCH_EXP, help="LR ~ (B/B_ref)^batch_exp")
+    group.add_argument("--data-exp", type=finite_float, default=DATA_EXP, help="MuonH LR ~ (D/D_ref)^-data_exp")
+    group.add_argument("--width-exp", type=finite_float, default=WIDTH_EXP, help="AdamW LR ~ (d/d_ref)^-width_exp")
+    group.add_argument("--ref-width", type=positive_int, default=REF_WIDTH, help="d_ref of the transfer rule")
+    group.add_argument("--ref-batch", type=positive_int, default=REF_BATCH_TOKENS, help="B_ref of the transfer rule")
+    group.add_argument("--ref-tokens", type=finite_float, default=0,
+                       help="D_ref of the transfer rule (0: 10x effective params of the s=10 reference, flops.py)")
+    group.add_argument("--final-lr-frac", type=finite_float, default=FINAL_LR_FRAC,
+                       help="linear decay ends at this fraction")
 
 
 def lr_settings(args):
     """(base_lrs, rule) from add_lr_args flags; rule holds the keyword arguments of learning_rates."""
     return ({name: getattr(args, f"lr_{name}") for name in BASE_LRS},
-            {k: getattr(args, k) for k in ("batch_exp", "data_exp", "width_exp", "ref_width", "ref_batch")})
+            {key: getattr(args, key) for key in ("batch_exp", "data_exp", "width_exp", "ref_width", "ref_batch")})
 
 
 def lr_multiplier(step, total_steps, final_frac=FINAL_LR_FRAC):

@@ -10,6 +10,16 @@ Downloads follow the paper (§4.1): Llama 2's tokenizer + <|assistant_end|> (32,
 nanochat fork), crop packing, validation = the dataset's last shards. Local --source text gets a BPE trained
 here (rustbpe, served by tiktoken) and split packing (cropping a book to one row would discard most of it).
 Output: train.bin, val.bin, the tokenizer and meta.json, written last (a complete dataset).
+
+"The authors' fork" is https://github.com/kschwethelm/looped-lm-scaling: its nanochat/tokenizer.py (Llama 2's
+tokenizer from an ungated copy, plus <|assistant_end|>) and scripts/prepack.py (best-fit packing from a buffer of
+1,000 documents), which this file follows. Downloads are FineWeb-Edu's pre-shuffled shards, 8 at a time, each one
+retried, resumed, checked and renamed into place by download.py; a shard already in --download-dir is not fetched
+again. Validation is the dataset's last --val-shards whatever --shards is, so every dataset built this way is
+validated on the same documents. The rows are a pure function of the inputs and flags, whatever --workers. Bad
+input (a corrupt parquet, a `text` column without strings, an empty source, flags that do not apply to the source)
+is one line, exit 2, before the expensive work; an --out holding a dataset of other settings is not replaced.
+The meta.json format and the measurements behind these choices: dev/README.md, "prepare_data.py and dataloader.py".
 """
 import argparse
 import base64
@@ -46,7 +56,7 @@ LLAMA2_URL = "https://huggingface.co/NousResearch/Llama-2-7b-hf/resolve/main/tok
 LLAMA2_SHA256 = "9e556afd44213b6bd1be2b850ebbbd98f5481437a8021afaf58ee7fb1818d347"
 # Source formats; .jsonl and .txt may be xz-compressed (the in-repo micro-corpus), read by the standard library.
 SUFFIXES = (".parquet", ".jsonl", ".txt", ".jsonl.xz", ".txt.xz")
-BUFFER_DOCS = 1000               # best-fit buffer in documents (or pieces), as the authors' prepack
+BUFFER_DOCS = 1000               # best-fit buffer in documents (or pieces), as the authors' scripts/prepack.py
 BATCH_CHARS = 1 << 21            # characters per tokenizer call: all threads busy, token lists stay small
 BPE_BATCHES = 1000               # BPE training reads the first ~2B characters (nanochat's budget)
 
@@ -93,8 +103,8 @@ def read_documents(path):
     kind = source_kind(path)
     if kind == ".parquet":
         with pq.ParquetFile(path) as pf:
-            for g in range(pf.num_row_groups):
-                yield from pf.read_row_group(g, columns=["text"]).column("text").to_pylist()
+            for row_group in range(pf.num_row_groups):
+                yield from pf.read_row_group(row_group, columns=["text"]).column("text").to_pylist()
     elif kind.startswith(".jsonl"):
         with open_source(path) as f:
             for lineno, obj in json_lines(f, path):
@@ -114,10 +124,10 @@ def read_documents(path):
 def batches(plan):
     """Every non-empty document as (split, text), in plan order, in lists of about BATCH_CHARS characters."""
     batch, chars = [], 0
-    for e in plan:
-        for i, text in enumerate(iter_texts(e["path"])):
+    for entry in plan:
+        for i, text in enumerate(iter_texts(entry["path"])):
             if text:
-                batch.append(("val" if i >= e["val_from"] else "train", text))
+                batch.append(("val" if i >= entry["val_from"] else "train", text))
                 chars += len(text)
             if chars >= BATCH_CHARS:
                 yield batch
@@ -135,22 +145,24 @@ def train_bpe(texts, vocab_size, out_path):
         for text in texts:
             seen["chars"] += len(text)
             yield text
-    tok = rustbpe.Tokenizer()
-    tok.train_from_iterator(counted(texts), vocab_size - 1, pattern=SPLIT_PATTERN)
+    bpe = rustbpe.Tokenizer()
+    bpe.train_from_iterator(counted(texts), vocab_size - 1, pattern=SPLIT_PATTERN)  # BOS is the last id
     if seen["chars"] == 0:
         raise DataError("the training documents are all empty: there is no text to train the tokenizer on")
-    ranks = sorted(tok.get_mergeable_ranks(), key=lambda pair: pair[1])
+    ranks = sorted(bpe.get_mergeable_ranks(), key=lambda pair: pair[1])
     if len(ranks) < vocab_size - 1:
         raise DataError(f"the training text only supports {len(ranks) + 1} tokens, fewer than "
                         f"--vocab-size {vocab_size}: lower it or add text")
-    Path(out_path).write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks))
+    Path(out_path).write_bytes(b"".join(base64.b64encode(token) + b" %d\n" % rank for token, rank in ranks))
 
 
 class Packer:
-    """Best-fit packing into rows of row_len tokens (§4.1; the authors' prepack, nanochat's BOS-aligned best-fit):
+    """Best-fit packing into rows of row_len tokens (§4.1; the authors' prepack.py, nanochat's BOS-aligned best-fit):
     from a buffer of BUFFER_DOCS documents a row takes the largest that fits the space left (ties: the earliest); when
-    none fits, the shortest is cropped to fill the row, its rest discarded and counted. split_long (local corpora of
-    whole books): a longer document is first cut into row_len pieces, each buffered and kept; the first has BOS."""
+    none fits, the shortest is cropped to fill the row, its rest discarded and counted. No padding, no EOS: every
+    token trains. Without split_long ("crop", the paper's) a document is never split, so every row starts at a BOS
+    and a long document loses its tail. split_long (local corpora of whole books): a longer document is first cut
+    into row_len pieces, each buffered and kept; the first has BOS."""
 
     def __init__(self, out_file, row_len, split_long, buffer_docs=BUFFER_DOCS):
         self.out = out_file
@@ -209,16 +221,16 @@ def tokenize_and_pack(plan, tok, row_len, split_long, threads, out_paths):
     """Tokenize on `threads` threads while another packs the last batch (tokenizers release the GIL); return
     per-split stats, seconds, tokens/s and shared_docs (validation documents also in training, by hash)."""
     t0 = last_print = time.time()
-    n_docs = sum(e["docs"] for e in plan)
-    hashes = {"train": array("q"), "val": array("q")}
+    n_docs = sum(entry["docs"] for entry in plan)
+    hashes = {"train": array("q"), "val": array("q")}  # of each document's text: 8 bytes, not the text
     with open(out_paths["train"], "wb") as f_train, open(out_paths["val"], "wb") as f_val, \
-            ThreadPoolExecutor(1) as packing:
+            ThreadPoolExecutor(1) as packing:  # one packer thread: documents enter the rows in plan order
         packers = {"train": Packer(f_train, row_len, split_long), "val": Packer(f_val, row_len, split_long)}
 
         def pack(batch, token_ids):
             for (split, text), ids in zip(batch, token_ids):
                 hashes[split].append(hash(text))
-                packers[split].add_document(np.array([tok.bos_id, *ids], np.uint16))
+                packers[split].add_document(np.array([tok.bos_id, *ids], np.uint16))  # BOS opens every document
         done = None
         for batch in batches(plan):
             token_ids = tok.encode_batch([text for _, text in batch], threads)
@@ -227,14 +239,14 @@ def tokenize_and_pack(plan, tok, row_len, split_long, threads, out_paths):
             done = packing.submit(pack, batch, token_ids)
             if time.time() - last_print > 10:
                 last_print = time.time()
-                n_tokens = sum(p.tokens_in for p in packers.values())
+                n_tokens = sum(packer.tokens_in for packer in packers.values())
                 docs_done = len(hashes["train"]) + len(hashes["val"])
                 eta = (last_print - t0) * (n_docs / (docs_done + 1) - 1)
                 print(f"tokenize: {n_tokens / 1e6:.1f}M tokens, ETA {eta:.0f} s", file=sys.stderr, flush=True)
         if done is not None:
             done.result()
-        stats = {split: p.finish() for split, p in packers.items()}
-        for f in (f_train, f_val):
+        stats = {split: packer.finish() for split, packer in packers.items()}
+        for f in (f_train, f_val):  # on disk before they are renamed into place (prepare)
             f.flush()
             os.fsync(f.fileno())
     seconds = time.time() - t0
@@ -262,20 +274,20 @@ def make_plan(files, val_files, val_fraction):
     """Validation = the last val_files files or each file's last val_fraction of documents (one stays in training).
     Decided before any tokenizing; counting documents checks every file early."""
     plan = []
-    for k, path in enumerate(files):
+    for index, path in enumerate(files):
         if source_kind(path) == ".parquet":
-            n = check_parquet(path)
+            n_docs = check_parquet(path)
         else:
-            n = sum(1 for _ in iter_texts(path))
+            n_docs = sum(1 for _ in iter_texts(path))
         if val_fraction:
-            val_from = n - min(math.ceil(val_fraction * n), max(n - 1, 0))
-        elif k >= len(files) - val_files:
+            val_from = n_docs - min(math.ceil(val_fraction * n_docs), max(n_docs - 1, 0))
+        elif index >= len(files) - val_files:
             val_from = 0  # a whole validation file
         else:
-            val_from = n
-        plan.append({"path": path, "docs": n, "val_from": val_from})
-    train_docs = sum(e["val_from"] for e in plan)
-    val_docs = sum(e["docs"] - e["val_from"] for e in plan)
+            val_from = n_docs
+        plan.append({"path": path, "docs": n_docs, "val_from": val_from})
+    train_docs = sum(entry["val_from"] for entry in plan)
+    val_docs = sum(entry["docs"] - entry["val_from"] for entry in plan)
     if not train_docs or not val_docs:
         raise DataError(f"{train_docs} training and {val_docs} validation documents in {len(files)} file(s): "
                         f"need both (empty files? use or raise --val-fraction)")
@@ -284,39 +296,42 @@ def make_plan(files, val_files, val_fraction):
 
 def parse_args(argv):
     """Flags, then the defaults and combinations that depend on the source, before any work."""
-    p = one_line_errors(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]), "prepare_data.py")
-    p.add_argument("--out", default="data/fineweb", help="output folder (default data/fineweb)")
-    p.add_argument("--source", nargs="+", help="local .parquet/.jsonl/.txt(.xz) files or folders instead of downloading")
-    p.add_argument("--shards", type=in_range(1), help="FineWeb-Edu training shards to download (default 8)")
-    held_out = p.add_mutually_exclusive_group()
+    parser = one_line_errors(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]), "prepare_data.py")
+    parser.add_argument("--out", default="data/fineweb", help="output folder (default data/fineweb)")
+    parser.add_argument("--source", nargs="+",
+                        help="local .parquet/.jsonl/.txt(.xz) files or folders instead of downloading")
+    parser.add_argument("--shards", type=in_range(1), help="FineWeb-Edu training shards to download (default 8)")
+    held_out = parser.add_mutually_exclusive_group()
     held_out.add_argument("--val-shards", type=in_range(1), help=f"validation: the last N files (default: "
                           f"{VAL_SHARDS} for downloads, {LOCAL_VAL_FILES} for --source)")
     held_out.add_argument("--val-fraction", type=in_range(0, 1, float), default=0.0, help="--source: validation = "
                           "the last fraction of every file's documents (default: the last 2 files)")
-    p.add_argument("--base-url", default=BASE_URL, help="where the shards are (default: Hugging Face)")
-    p.add_argument("--download-dir", default="data/raw", help="where downloads are kept (default data/raw)")
-    p.add_argument("--tokenizer", choices=["bpe", "llama2"], help="default: llama2 for downloads, bpe for --source")
-    p.add_argument("--tokenizer-model", help=f"SentencePiece .model file or URL (default {LLAMA2_URL})")
-    p.add_argument("--vocab-size", type=in_range(257, MAX_VOCAB + 1), help="BPE vocabulary incl. <|bos|> "
-                   "(default 32000)")
-    p.add_argument("--seq-len", type=in_range(1), default=2048, help="rows hold seq-len+1 tokens (default 2048)")
-    p.add_argument("--packing", choices=["crop", "split"], help="default: crop for downloads, split for --source")
-    p.add_argument("--workers", type=in_range(1), default=os.cpu_count() or 1, help="tokenizer threads (all cores)")
-    args = p.parse_args(argv)
-    resolve_defaults(p, args)
+    parser.add_argument("--base-url", default=BASE_URL, help="where the shards are (default: Hugging Face)")
+    parser.add_argument("--download-dir", default="data/raw", help="where downloads are kept (default data/raw)")
+    parser.add_argument("--tokenizer", choices=["bpe", "llama2"],
+                        help="default: llama2 for downloads, bpe for --source")
+    parser.add_argument("--tokenizer-model", help=f"SentencePiece .model file or URL (default {LLAMA2_URL})")
+    parser.add_argument("--vocab-size", type=in_range(257, MAX_VOCAB + 1), help="BPE vocabulary incl. <|bos|> "
+                        "(default 32000)")
+    parser.add_argument("--seq-len", type=in_range(1), default=2048, help="rows hold seq-len+1 tokens (default 2048)")
+    parser.add_argument("--packing", choices=["crop", "split"], help="default: crop for downloads, split for --source")
+    parser.add_argument("--workers", type=in_range(1), default=os.cpu_count() or 1,
+                        help="tokenizer threads (all cores)")
+    args = parser.parse_args(argv)
+    resolve_defaults(parser, args)
     command_line = sys.argv[1:] if argv is None else argv
     args.command = shlex.join(["python", "prepare_data.py", *map(str, command_line)])
     return args
 
 
-def resolve_defaults(p, args):
+def resolve_defaults(parser, args):
     """The defaults that depend on the source: downloads are the paper's (Llama 2, crop, last 3 shards),
     local text gets a BPE, split packing and the last 2 files as validation. Refuses flags of the other kind."""
     local = args.source is not None
     if local and args.shards:
-        p.error("--shards applies to downloads, not to --source")
+        parser.error("--shards applies to downloads, not to --source")
     if not local and args.val_fraction:
-        p.error("--val-fraction is for --source")
+        parser.error("--val-fraction is for --source")
     args.shards = args.shards or 8
     if args.val_fraction:
         args.val_shards = 0
@@ -327,13 +342,13 @@ def resolve_defaults(p, args):
     if not args.packing:
         args.packing = "split" if local else "crop"
     if args.tokenizer == "bpe" and args.tokenizer_model:
-        p.error("--tokenizer-model is not for --tokenizer bpe")
+        parser.error("--tokenizer-model is not for --tokenizer bpe")
     if args.tokenizer == "llama2" and args.vocab_size:
-        p.error("--vocab-size is not for --tokenizer llama2")
+        parser.error("--vocab-size is not for --tokenizer llama2")
     if args.tokenizer == "bpe" and not args.vocab_size:
         args.vocab_size = 32000
     if not local and args.shards + args.val_shards > N_SHARDS:
-        p.error(f"--shards {args.shards} + --val-shards {args.val_shards} exceeds the dataset's {N_SHARDS} shards")
+        parser.error(f"--shards {args.shards} + --val-shards {args.val_shards} exceeds the dataset's {N_SHARDS} shards")
 
 
 def llama2_model(args):
@@ -373,10 +388,10 @@ def build_settings(args, plan, model):
     if args.val_fraction:
         split = {"val_fraction": args.val_fraction}
     else:
-        split = {"val_files": [e["path"].name for e in plan if e["val_from"] == 0]}
+        split = {"val_files": [entry["path"].name for entry in plan if entry["val_from"] == 0]}
     return {"tokenizer": args.tokenizer, "vocab_size": args.vocab_size, "seq_len": args.seq_len,
             "packing": args.packing, "tokenizer_model_sha256": sha256_file(model) if model else None, "split": split,
-            "sources": [[e["path"].name, e["path"].stat().st_size] for e in plan]}
+            "sources": [[entry["path"].name, entry["path"].stat().st_size] for entry in plan]}
 
 
 def refuse_another_dataset(out, settings):

@@ -42,6 +42,7 @@ SQUEUE_RUNNING = ("RUNNING", "COMPLETING", "CONFIGURING")
 
 @dataclasses.dataclass
 class PlannedRun:
+    """One line of the plan as train.py will see it."""
     name: str
     flags: str            # the plan line's train.py flags
     run_ids: dict         # device -> the run_id train.py gives these flags on that device
@@ -52,6 +53,7 @@ class PlannedRun:
 
 @dataclasses.dataclass
 class SlurmTask:
+    """A live task of the sweep's SLURM array (or its fit job), as squeue reports it."""
     job: str              # "array job_task", as squeue and scancel name it
     state: str            # squeue's state: PENDING, RUNNING, ...
     reason: str
@@ -111,6 +113,7 @@ def finished_rows(results):
 
 
 def row_of(run, rows):
+    """The results row of a planned run under either device's run_id, or None."""
     for run_id in run.run_ids.values():
         if run_id in rows:
             return rows[run_id]
@@ -237,6 +240,7 @@ def last_progress(run_dir):
 
 @dataclasses.dataclass
 class RunState:
+    """Where one planned run stands: a line of --status's table, and its part of the footer's FLOPs."""
     run: PlannedRun
     state: str            # one of STATES
     detail: str
@@ -273,6 +277,7 @@ def state_of(run, out, rows, tasks):
 
 
 def running_state(run, run_dir, task):
+    """A running run's RunState: its step, speed and ETA from the last record of its log.jsonl."""
     where = f" (job {task.job})" if task else ""
     progress = last_progress(run_dir)
     if not progress or not progress.get("tokens_per_s"):
@@ -327,6 +332,7 @@ def eta(left, states, results):
 
 
 def print_table(states, title):
+    """One line per run (name, state, detail) under `title`, the names padded to the longest."""
     print(title)
     if not states:
         return
@@ -335,9 +341,6 @@ def print_table(states, title):
     for s in states:
         print(f"{s.run.name:<{width}}{s.state:<13}{s.detail}".rstrip())
 
-
-# ----------------------------------------------------------------------------------------------
-# The command line (sweep.sh's --status, --slurm and its fit job)
 
 # ----------------------------------------------------------------------------------------------
 # Pricing the plan (flops.py --plan, which sweep.sh --plan calls): FLOPs and tokens of every run from
@@ -391,8 +394,11 @@ def achieved_rate(results):
 
 
 def price_plan(lines, data_dir, results, flops_per_s):
-    """Price a sweep plan: one "name|train.py flags" line per run (sweep.sh writes them). Prints the
-    table, the total compute and a wall-time estimate; returns an exit status (2: the data is short)."""
+    """Price a sweep plan: one "name|train.py flags" line per run (sweep.sh writes them). Prints the table, the
+    total compute and a wall-time estimate; returns an exit status (2: the data is short). The vocabulary and
+    sequence length are data_dir's meta.json's (without one, the flags', and the total says so). The largest
+    run must read no more than the data's train_tokens (data_shortfall names the shards to prepare) unless
+    ALLOW_REPEAT=1. The wall time is at flops_per_s, else at the mean achieved FLOP/s of the rows in `results`."""
     meta = read_data_meta(data_dir)
     parser = argparse.ArgumentParser(prog="flops.py --plan", add_help=False)
     flops.add_model_args(parser)
@@ -444,19 +450,23 @@ def price_plan(lines, data_dir, results, flops_per_s):
     return 0
 
 
+# ----------------------------------------------------------------------------------------------
+# The command line (sweep.sh's --status, --slurm and its fit job)
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    one_line_errors(p, "sweep_state.py")
-    p.add_argument("--data", required=True, help="the sweep's prepared data (run identities depend on it)")
-    p.add_argument("--out", required=True, help="the sweep's OUT: results.jsonl, runs/, logs/, slurm/")
-    mode = p.add_mutually_exclusive_group(required=True)
+    """--status, --todo or --missing for the plan lines on stdin; a bad plan line or missing data: one line, exit 2."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    one_line_errors(parser, "sweep_state.py")
+    parser.add_argument("--data", required=True, help="the sweep's prepared data (run identities depend on it)")
+    parser.add_argument("--out", required=True, help="the sweep's OUT: results.jsonl, runs/, logs/, slurm/")
+    mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--status", action="store_true", help="the table of every planned run")
     mode.add_argument("--todo", action="store_true", help="the names of the runs not done, queued or running")
     mode.add_argument("--missing", action="store_true", help="the planned runs without a row, and why")
-    p.add_argument("--device", choices=DEVICES, default="cpu", help="--todo: the device the runs will train on")
-    p.add_argument("--world", type=positive_int, default=1, help="--todo: the ranks of each run (the batch must split)")
-    args = p.parse_args(argv)
+    parser.add_argument("--device", choices=DEVICES, default="cpu", help="--todo: the device the runs will train on")
+    parser.add_argument("--world", type=positive_int, default=1,
+                        help="--todo: the ranks of each run (the batch must split)")
+    args = parser.parse_args(argv)
     out = Path(args.out)
     try:
         devices = (args.device,) if args.todo else DEVICES

@@ -10,7 +10,10 @@ One wandb run per training run: its id is the run_id's first 12 hex digits (the 
 --resume continues the same wandb run instead of starting another; its name is the run's name, its group
 --wandb-group (sweep.sh passes the grid), its config the run's identity, its history the progress line's
 numbers at every logged step, its summary the results row. evaluate.py adds one summary entry per task and
-loop count, eval/<task>/r<r>, to the run it evaluates.
+loop count, eval/<task>/r<r>, to the run it evaluates. Only rank 0 logs. Without wandb installed --wandb is one
+line and exit 2 (wandb_project), and so is a run wandb cannot start (start_wandb), before the first step; nothing
+of this enters the run identity. How tests/test_tracking.py reads wandb's offline files back, and what it
+measured about them: dev/README.md, "tracking.py and curves.py".
 """
 import argparse
 import json
