@@ -51,14 +51,16 @@ def test_the_model_layer_does_not_import_the_data_or_fitting_layers():
 
 
 @pytest.mark.parametrize("script", DEV_SCRIPTS, ids=[path.name for path in DEV_SCRIPTS])
-def test_every_dev_script_runs(script):
-    """Its --help (it parses its flags, and everything it imports still exists), then its --tiny mode if it has one."""
+def test_every_dev_script_runs(script, tmp_path):
+    """Its --help (it parses its flags, and everything it imports still exists), then its --tiny mode if it has
+    one, writing into a temporary --out where it takes one (never into the committed results)."""
     proc = subprocess.run([sys.executable, str(script), "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-1000:]
     if "--tiny" in proc.stdout:
-        tiny = subprocess.run([sys.executable, str(script), "--tiny"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=600)
+        out = ["--out", str(tmp_path)] if "--out" in proc.stdout else []
+        tiny = subprocess.run([sys.executable, str(script), "--tiny", *out], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600)
         assert tiny.returncode == 0, tiny.stderr[-2000:]
 
 
