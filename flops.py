@@ -22,8 +22,10 @@ per layer trained, not halved for causality). The same F prices a budget (tokens
 """
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from common import count, fail, finite_float, one_line_errors, positive_float, positive_int
 
@@ -305,9 +307,12 @@ def main():
     plan.add_argument("--flops-per-s", type=positive_float, default=None, help="FLOP/s per run slot for the estimate")
     args = parser.parse_args()
     try:
-        if args.plan:  # the pricer reads the prepared data: it lives with the sweep, so flops.py stays pure
-            from sweep_state import price_plan
-            sys.exit(price_plan(sys.stdin, args.data, args.results, args.flops_per_s))
+        if args.plan:  # the pricer reads the prepared data, so it lives with the sweep (sweep_state.py): this
+            # process becomes that one, which keeps flops.py pure and importing nothing but common.py
+            plan_args = ["--plan", "--data", args.data, "--results", args.results]
+            if args.flops_per_s:
+                plan_args += ["--flops-per-s", repr(args.flops_per_s)]
+            os.execv(sys.executable, [sys.executable, str(Path(__file__).with_name("sweep_state.py")), *plan_args])
         cfg = config_from_args(args)
     except ValueError as e:
         fail("flops.py", str(e))

@@ -454,19 +454,30 @@ def price_plan(lines, data_dir, results, flops_per_s):
 # The command line (sweep.sh's --status, --slurm and its fit job)
 
 def main(argv=None):
-    """--status, --todo or --missing for the plan lines on stdin; a bad plan line or missing data: one line, exit 2."""
+    """--status, --todo, --missing or --plan for the plan lines on stdin; a bad plan line or missing data: one
+    line, exit 2. --plan is flops.py --plan's pricer (flops.py hands its process over to this one)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     one_line_errors(parser, "sweep_state.py")
     parser.add_argument("--data", required=True, help="the sweep's prepared data (run identities depend on it)")
-    parser.add_argument("--out", required=True, help="the sweep's OUT: results.jsonl, runs/, logs/, slurm/")
+    parser.add_argument("--out", default="", help="the sweep's OUT: results.jsonl, runs/, logs/, slurm/")
     mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--plan", action="store_true", help="price the plan (what flops.py --plan prints)")
     mode.add_argument("--status", action="store_true", help="the table of every planned run")
     mode.add_argument("--todo", action="store_true", help="the names of the runs not done, queued or running")
     mode.add_argument("--missing", action="store_true", help="the planned runs without a row, and why")
     parser.add_argument("--device", choices=DEVICES, default="cpu", help="--todo: the device the runs will train on")
     parser.add_argument("--world", type=positive_int, default=1,
                         help="--todo: the ranks of each run (the batch must split)")
+    parser.add_argument("--results", default="", help="--plan: the rows whose achieved FLOP/s estimate the time")
+    parser.add_argument("--flops-per-s", type=float, default=None, help="--plan: FLOP/s per run slot")
     args = parser.parse_args(argv)
+    if args.plan:
+        try:
+            return price_plan(sys.stdin, args.data, args.results, args.flops_per_s)
+        except ValueError as e:
+            fail("flops.py", str(e))
+    if not args.out:
+        parser.error("--out is required for --status, --todo and --missing")
     out = Path(args.out)
     try:
         devices = (args.device,) if args.todo else DEVICES
