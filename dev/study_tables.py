@@ -1,6 +1,6 @@
 """
 The CPU study's tables (README "CPU-scale results", dev/README.md) from the committed rows and fits of
-dev/results/cpu-micro{,-layout,-lr,-trunc,-hyper}: nothing here is typed in by hand, and a test checks that
+dev/results/cpu-micro{,-layout,-lr,-trunc,-hyper,-gated}: nothing here is typed in by hand, and a test checks that
 the README's phi table is this script's.
 
     python dev/study_tables.py            # phi table, best width per (budget, r), the full loss grid
@@ -29,8 +29,9 @@ GRIDS = [("cpu-micro", "base (linear injection)", "0.46 [0.41, 0.53]"),
          ("cpu-micro-layout", "base, r = 1 in the looped layout", "-"),
          ("cpu-micro-lr", "base, r = 2 and 4 at their own MuonH LR", "-"),
          ("cpu-micro-trunc", "truncated BPTT, r_bwd = ceil(r/2)", "0.38"),
-         ("cpu-micro-hyper", "hyperconnections, K = 2", "0.65")]
-CASE_STUDIES = ["cpu-micro-trunc", "cpu-micro-hyper"]
+         ("cpu-micro-hyper", "hyperconnections, K = 2", "0.65"),
+         ("cpu-micro-gated", "gated injection (dev/ablate.sh)", "-")]
+CASE_STUDIES = ["cpu-micro-trunc", "cpu-micro-hyper", "cpu-micro-gated"]
 
 
 def load_rows(grid):
@@ -41,7 +42,7 @@ def load_rows(grid):
 def column(row):
     """Table column of a run: its r, marked for the case studies' variants and a run's own MuonH LR
     (sweep.sh names those runs _lr<value>)."""
-    tag = {"hyper": " hc"}.get(row.get("injection"), "")
+    tag = {"hyper": " hc", "none": "", "linear": "", None: ""}.get(row.get("injection"), f" {row.get('injection')}")
     if "_lr" in Path(row["out"]).name:
         tag = f" lr{row['base_lrs']['matrix']:g}"
     if row["r"] == 1 and row.get("injection") not in (None, "none"):
@@ -82,6 +83,8 @@ def phi_table():
     lines = ["| grid | runs | φ (95% CI) | paper | Δφ vs its base (95% CI) |", "|---|---|---|---|---|"]
     for grid, label, paper in GRIDS:
         fit, cmp = read_json(RESULTS / grid / "fit" / "fit.json"), read_json(RESULTS / grid / "fit" / "compare.json")
+        if fit is None and cmp is not None:  # an ablation (dev/ablate.sh) fits its arm only within the comparison
+            fit = cmp["compare"]
         lines.append(phi_row(label, paper, fit, cmp and cmp["delta_phi"], len(load_rows(grid))))
     for grid, label, paper in GRIDS:  # the case studies against the layout-matched anchor
         if grid in CASE_STUDIES and (cmp := read_json(RESULTS / grid / "fit" / "compare_layout.json")):
@@ -151,6 +154,22 @@ def retrain_table():
     return lines
 
 
+def step_table():
+    """The faster CPU step's semantics check: runs retrained here with the new step (cpu-micro-newstep) and
+    with the old one (cpu-micro-eval's retrain, model.py of before the fused loss), each against the committed
+    cpu-micro rows, on the run_ids both retrains hold: |delta val loss|, nats/token."""
+    committed = {row["run_id"]: row["val_loss"] for row in load_rows("cpu-micro")}
+    new_step = {row["run_id"]: row["val_loss"] for row in load(RESULTS / "cpu-micro-newstep" / "results.jsonl")}
+    old_step = {row["run_id"]: row["val_loss"] for row in load(EVAL / "results.jsonl")}
+    run_ids = sorted(set(new_step) & set(old_step) & set(committed))
+    lines = ["| step | runs | mean abs. Δ vs committed | median | max |", "|---|---|---|---|---|"]
+    for label, losses in (("old (before the fused loss)", old_step), ("new (this repository)", new_step)):
+        deltas = sorted(abs(losses[run_id] - committed[run_id]) for run_id in run_ids)
+        lines.append(f"| {label} | {len(deltas)} | {sum(deltas) / len(deltas):.3f} | "
+                     f"{deltas[len(deltas) // 2]:.3f} | {deltas[-1]:.3f} |")
+    return lines
+
+
 def loss_tables():
     rows = [row for grid, _, _ in GRIDS for row in load_rows(grid)]
     seen, unique = set(), []
@@ -192,6 +211,9 @@ def main():
         print("\ndownstream phi per category (dev/eval_micro.sh)\n" + "\n".join(downstream_phi_table()))
     if (EVAL / "results.jsonl").exists():
         print("\nretrained grid against the committed rows (val loss, nats/token)\n" + "\n".join(retrain_table()))
+    if (RESULTS / "cpu-micro-newstep" / "results.jsonl").exists():
+        print("\nthe faster step's semantics: retrained runs against the committed rows (val loss)\n" +
+              "\n".join(step_table()))
     if (EVAL / "seeds.jsonl").exists():
         print("\nseed spread at 5e12 (nats/token, mean ± half-range)\n" + "\n".join(seed_table()))
 
