@@ -91,8 +91,11 @@ def delta_phi_line(label, path):
     out = json.loads(path.read_text())
     arms = []
     for fit in (out, out["compare"]):
-        lo, hi = fit["joint"].get("phi_ci") or (float("nan"), float("nan"))
-        arms.append(f"{fit['joint']['phi']:.2f} [{lo:.2f}, {hi:.2f}]")
+        ci = fit["joint"].get("phi_ci")
+        if ci:
+            arms.append(f"{fit['joint']['phi']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]")
+        else:  # --bootstrap 0 (the --quick preset): a point estimate
+            arms.append(f"{fit['joint']['phi']:.2f} (no CI)")
     delta = out["delta_phi"]
     ci = delta.get("delta_phi_ci")
     delta_text = f"{delta['delta_phi']:+.2f}"

@@ -91,3 +91,18 @@ def test_layout_anchored_rows_are_the_case_studies(hyper_as_an_ablation):
 def test_ablate_sh_refuses_a_call_without_a_name_or_flags(args, reason):
     proc = subprocess.run(["bash", str(ROOT / "dev" / "ablate.sh"), *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and reason in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def test_the_quick_preset_reads_as_a_paired_table_and_point_estimates(tmp_path):
+    """--quick fits without a bootstrap (one looped r at two budgets does not identify phi): the committed quick
+    answer's report gives both arms' phi as point estimates, never an interval of NaNs, and pairs the 7 looped
+    runs with the base's runs of the same cells (the r = 1 runs are the base's own)."""
+    out = tmp_path / "cpu-micro-gated-quick"
+    shutil.copytree(RESULTS / "cpu-micro-gated-quick" / "fit", out / "fit")
+    shutil.copy(RESULTS / "cpu-micro-gated-quick" / "results.jsonl", out)
+    text = report(out)
+    assert "nan" not in text and text.count("(no CI)") == 4
+    rows = read_jsonl(out / "results.jsonl")
+    assert sorted(row["r"] for row in rows) == [1] * 7 + [4] * 7
+    base = {row["run_id"] for row in read_jsonl(RESULTS / "cpu-micro" / "results.jsonl")}
+    assert {row["run_id"] for row in rows if row["r"] == 1} <= base

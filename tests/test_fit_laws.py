@@ -672,7 +672,8 @@ STUDY_FITS = sorted(STUDY.glob("cpu-micro*/fit/fit.json"))
 # (fit file, the rows it was fitted from): each grid's own fit, and each case study against the
 # layout-matched r = 1 (the "compare" half of compare_layout.json, fitted from layout_anchored.jsonl)
 STUDY_FIT_ROWS = ([(p, p.parent.parent / "results.jsonl") for p in STUDY_FITS] +
-                  [(p, p.parent / "layout_anchored.jsonl") for p in sorted(STUDY.glob("cpu-micro*/fit/compare_layout.json"))])
+                  [(p, p.parent / "layout_anchored.jsonl") for p in sorted(STUDY.glob("cpu-micro*/fit/compare_layout.json"))
+                   if not p.parts[-3].endswith("-quick")])  # --quick: one looped r at two budgets, no phi to refit
 
 
 def test_the_cpu_study_base_grid_has_a_committed_fit():

@@ -19,15 +19,17 @@ import flops
 
 ROOT = Path(__file__).resolve().parents[1]
 # the case studies fitted against the layout-matched r = 1 (dev/study_tables.py --layout-anchored)
-LAYOUT_COMPARES = sorted((ROOT / "dev" / "results").glob("cpu-micro-*/fit/compare_layout.json"))
+# (an ablation's --quick preset, dev/ablate.sh, is a paired table: its point delta-phi has no CI and is not listed)
+LAYOUT_COMPARES = sorted(path for path in (ROOT / "dev" / "results").glob("cpu-micro-*/fit/compare_layout.json")
+                         if not path.parts[-3].endswith("-quick"))
 
 
 def test_readme_phi_table_is_the_committed_fits():
     out = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py")], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     table = out.split("\n\n")[0].splitlines()[1:]
-    # header, the five grids (base, layout, lr, trunc, hyper), the layout-anchored case studies
-    assert len(table) == 2 + 5 + len(LAYOUT_COMPARES) and "not fitted yet" not in "".join(table)
+    # header, the six grids (base, layout, lr, trunc, hyper, the gated ablation), the layout-anchored case studies
+    assert len(table) == 2 + 6 + len(LAYOUT_COMPARES) and "not fitted yet" not in "".join(table)
     readme = (ROOT / "README.md").read_text().splitlines()
     assert all(line in readme for line in table), table
 
@@ -59,7 +61,7 @@ def test_layout_anchored_fits_read_the_committed_rows():
     """A case study against the layout-matched r = 1 is fitted from <grid>/fit/layout_anchored.jsonl: that
     file is the grid's own looped rows plus cpu-micro-layout's r = 1 rows (what study_tables.py builds),
     so no row in it is typed in or stale."""
-    assert [p.parent.parent.name for p in LAYOUT_COMPARES] == ["cpu-micro-hyper", "cpu-micro-trunc"]
+    assert [p.parent.parent.name for p in LAYOUT_COMPARES] == ["cpu-micro-gated", "cpu-micro-hyper", "cpu-micro-trunc"]
     for path in LAYOUT_COMPARES:
         grid = path.parent.parent.name
         rows = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py"), "--layout-anchored", grid],
@@ -78,7 +80,9 @@ EXPECTED_RESULTS = {"cpu-micro/results.jsonl": 56, "cpu-micro-layout/results.jso
                     "cpu-micro-lr/results.jsonl": 56, "cpu-micro-trunc/results.jsonl": 62,
                     "cpu-micro-hyper/results.jsonl": 59, "diagnostics/results.jsonl": 49,
                     "cpu-micro-v1-fileorder/results.jsonl": 52, "cpu-micro-v2-flat/results.jsonl": 48,
-                    "cpu-micro-eval/results.jsonl": 56, "cpu-micro-eval/seeds.jsonl": 4}
+                    "cpu-micro-eval/results.jsonl": 56, "cpu-micro-eval/seeds.jsonl": 4,
+                    "cpu-micro-gated/results.jsonl": 56, "cpu-micro-gated-quick/results.jsonl": 14,
+                    "cpu-micro-newstep/results.jsonl": 26}
 
 
 def read_jsonl(path):
@@ -98,7 +102,7 @@ def test_every_expected_result_set_is_committed_whole():
     for name, n_rows in EXPECTED_RESULTS.items():
         assert len(read_jsonl(RESULTS / name)) == n_rows, name
     assert {RESULTS / name for name in EXPECTED_RESULTS} <= set(COMMITTED_ROWS)
-    assert sum(EXPECTED_RESULTS.values()) == 498
+    assert sum(EXPECTED_RESULTS.values()) == 594
 
 
 @pytest.mark.parametrize("path", COMMITTED_ROWS, ids=[str(p.relative_to(RESULTS)) for p in COMMITTED_ROWS])
@@ -195,7 +199,8 @@ def test_committed_run_ids_follow_from_todays_flags_even_after_adding_an_optimis
     assert runs.recorded_groups(flops.ModelConfig(r=4, scale=0.25, head_dim=8)) == set(muonh.RECIPE_GROUPS)
 
 
-@pytest.mark.parametrize("grid", ["cpu-micro", "cpu-micro-layout", "cpu-micro-lr", "cpu-micro-trunc", "cpu-micro-hyper"])
+@pytest.mark.parametrize("grid", ["cpu-micro", "cpu-micro-layout", "cpu-micro-lr", "cpu-micro-trunc", "cpu-micro-hyper",
+                                  "cpu-micro-gated", "cpu-micro-gated-quick"])
 def test_each_committed_run_keeps_its_final_json_which_is_its_row(grid):
     """The committed grids keep, of each run folder, final.json alone (what train.py wrote there: the row), so
     that a variant sweep reuses the committed runs instead of retraining them (tests/test_sweep.py)."""
