@@ -2,8 +2,9 @@
 A run folder and its record. What makes two runs the same run (the identity and its sha256, the run_id),
 the files a run leaves in its folder (run.json at the start, ckpt.pt, final.json: its results row) and
 reading them back: every damaged or foreign file, or one without the structure its reader needs, is one
-DataError naming it. train.py decides with these whether a run is done, reused, restored or resumed;
-evaluate.py finds finished runs and loads their final weights; both sample texts from them.
+DataError naming it. train.py decides with these whether a run is done, reused, restored or resumed, builds
+its row with results_row and compiles its model with compile_or_eager; evaluate.py finds finished runs and
+loads their final weights; both sample texts from them.
 
     model = load_run_model("runs/quickstart", "cpu")     # the final weights, checked against final.json
 """
@@ -12,6 +13,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -257,6 +259,31 @@ def settle(out, run_id, identity, results, reuse_from, resume, rank=0):
     return "train", None
 
 
+def results_row(run, val_loss, extra_eval, world):
+    """The results row of a finished run (train.py's Run, trained on `world` ranks): every ModelConfig field and
+    count (flops.summary), the horizon, the losses, LRs, throughput, the data, the identity and its run_id; all
+    that fit_laws.py needs of a run. train.py appends it to --results and writes it as final.json."""
+    args, meta, progress = run.args, run.meta, run.progress
+    n_tokens = run.steps * args.batch_tokens
+    tokens_per_s = progress["tokens_per_s"]
+    mfu = None
+    if tokens_per_s:
+        mfu = flops.mfu(run.cfg, tokens_per_s, world, run.device_name)
+    data_keys = ("tokenizer_kind", "tokenizer_sha256", "vocab_size", "seq_len", "train_rows", "val_rows",
+                 "train_tokens", "command")
+    data_meta = {k: meta.get(k) for k in data_keys}
+    data_meta["dir"] = str(Path(args.data).resolve())
+    data_meta["epochs"] = run.train_loader.row / max(1, meta["train_rows"])
+    return run.summary | dict(
+        tokens=n_tokens, steps=run.steps, flops_actual=run.summary["flops_per_token"] * n_tokens,
+        val_loss=val_loss, train_loss=progress["train_loss"], **extra_eval, eval_rows=run.identity["eval_rows"],
+        seed=args.seed, tokens_per_s=tokens_per_s, mfu=mfu, wall_s=progress["wall_s"] + time.time() - run.t_start,
+        compile_s=run.compile_s, lrs=run.identity["lrs"], base_lrs=run.identity["base_lrs"],
+        lr_rule=run.identity["lr_rule"], world_size=world, device=run.device_name, dtype=run.identity["dtype"],
+        attention=run.backend, run=run.name, out=str(run.out), data_meta=data_meta, run_id=run.run_id,
+        identity=run.identity, finished=True)
+
+
 def finished_row(results, run_id):
     """The row of run_id in a results file, or None (a torn or foreign line is not this run's row)."""
     if results is None or not Path(results).is_file():
@@ -348,6 +375,26 @@ def check_run(path, data_dir=""):
         raise DataError(f"{data_dir}: its tokenizer is not the one {path} was trained with (pass --data)")
     return {"dir": path, "name": path.name, "run_id": record["run_id"], "cfg": cfg, "data_dir": data_dir,
             "tokenizer_sha256": sha, "dtype": identity["dtype"], "steps": final["steps"], "run_name": final.get("run")}
+
+
+def compile_or_eager(model, batch_rows, seq_len):
+    """(torch.compile(model), seconds it took), compiled now by one throwaway forward+backward on a dummy
+    batch, so that a missing C++ compiler or an inductor error falls back to (model, seconds) with one line
+    on stderr instead of failing mid-run. RNG state and gradients are left as they were (a resumed run
+    stays exact). Called under the autocast the model trains in."""
+    t0 = time.time()
+    compiled = torch.compile(model)
+    device = next(model.parameters()).device
+    x = torch.zeros(batch_rows, seq_len, dtype=torch.long, device=device)
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            compiled(x, x.clone()).backward()  # distinct tensors: Dynamo guards on aliasing
+    except Exception as e:  # dynamo/inductor raise many kinds; all of them mean "run eagerly"
+        reason = str(e).strip()[:200]
+        print(f"torch.compile failed ({type(e).__name__}: {reason!r}); running eagerly", file=sys.stderr)
+        compiled = model
+    model.zero_grad(set_to_none=True)
+    return compiled, time.time() - t0
 
 
 def load_run_model(run, device):

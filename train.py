@@ -37,8 +37,8 @@ from common import DataError, append_row, atomic_write
 from dataloader import RowLoader, load_tokenizer, read_meta
 from model import GPT
 from muonh import build_optimizers, lr_multiplier
-from runs import (finished_row, load_run_model, open_outputs, plan_run, restore_checkpoint, run_identity,
-                  save_checkpoint, settle, train_parser)
+from runs import (compile_or_eager, finished_row, load_run_model, open_outputs, plan_run, restore_checkpoint,
+                  results_row, run_identity, save_checkpoint, settle, train_parser)
 
 # SIGTERM/SIGINT (preemption, Ctrl-C) only set this event: the step in flight finishes, then every
 # rank agrees to stop, a checkpoint is written and the run exits; --resume continues it exactly.
@@ -96,9 +96,8 @@ class Run:
     train_loader: RowLoader = None
     val_loader: RowLoader = None
     val_batches: int = 0
-    compiled: torch.nn.Module = None                # torch.compile(model) with --compile, else the model
-    compile_s: float | None = None
-    ddp_model: torch.nn.Module = None               # what the loop calls: DDP(compiled) under torchrun
+    compile_s: float | None = None                  # what --compile's torch.compile took (runs.compile_or_eager)
+    ddp_model: torch.nn.Module = None               # what the loop calls: the (compiled) model, in DDP under torchrun
     # train_loop()
     summary: dict = field(default_factory=dict)     # flops.summary: the config's counts and FLOPs
     device_name: str = ""
@@ -160,7 +159,7 @@ def report_finished(args, row, where, tokenizer):
             model = load_run_model(row["out"], args.device)
         except ValueError as e:
             fail(str(e))
-        print_samples(model, tokenizer, args, torch.device(args.device), contextlib.nullcontext())
+        print_samples(model, tokenizer, args, contextlib.nullcontext())
     return 0
 
 
@@ -234,13 +233,13 @@ def setup(run):
     val_batch = max(1, min(run.device_batch, eval_rows // WORLD))
     run.val_loader = RowLoader(args.data, "val", val_batch, RANK, WORLD)
     run.val_batches = max(1, eval_rows // (val_batch * WORLD))
-    run.compiled, run.compile_s = run.model, None
+    compiled = run.model
     if args.compile:
         with run.autocast:  # compiled for the dtype it trains in
-            run.compiled, run.compile_s = compile_or_eager(run.model, run.device_batch, cfg.seq_len)
-    run.ddp_model = run.compiled
+            compiled, run.compile_s = compile_or_eager(run.model, run.device_batch, cfg.seq_len)
+    run.ddp_model = compiled
     if WORLD > 1:
-        run.ddp_model = DDP(run.compiled, device_ids=[run.device.index] if run.device.type == "cuda" else None)
+        run.ddp_model = DDP(compiled, device_ids=[run.device.index] if run.device.type == "cuda" else None)
 
 
 def resume(run):
@@ -251,26 +250,6 @@ def resume(run):
     except ValueError as e:
         fail(str(e))
     print0(f"resumed {ckpt_path} at step {run.progress['step']}/{run.steps}")
-
-
-def compile_or_eager(model, batch_rows, seq_len):
-    """(torch.compile(model), seconds it took), compiled now by one throwaway forward+backward on a dummy
-    batch, so that a missing C++ compiler or an inductor error falls back to (model, seconds) with one line
-    on stderr instead of failing mid-run. RNG state and gradients are left as they were (a resumed run
-    stays exact). Called under the autocast the model trains in."""
-    t0 = time.time()
-    compiled = torch.compile(model)
-    device = next(model.parameters()).device
-    x = torch.zeros(batch_rows, seq_len, dtype=torch.long, device=device)
-    try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            compiled(x, x.clone()).backward()  # distinct tensors: Dynamo guards on aliasing
-    except Exception as e:  # dynamo/inductor raise many kinds; all of them mean "run eagerly"
-        reason = str(e).strip()[:200]
-        print(f"torch.compile failed ({type(e).__name__}: {reason!r}); running eagerly", file=sys.stderr)
-        compiled = model
-    model.zero_grad(set_to_none=True)
-    return compiled, time.time() - t0
 
 
 def checkpoint(run, elapsed):
@@ -429,7 +408,7 @@ def finish(run):
     val_loss = validation_loss(run)
     extra_eval = {f"val_loss_r{r}": validation_loss(run, r) for r in run.args.eval_r}
     if RANK == 0:
-        row = results_row(run, val_loss, extra_eval)
+        row = results_row(run, val_loss, extra_eval, WORLD)
         extra = "".join(f", r={r}: {extra_eval[f'val_loss_r{r}']:.4f}" for r in run.args.eval_r)
         print(f"final val loss {val_loss:.4f} nats/token{extra} | wall {row['wall_s'] / 60:.1f}m")
         try:  # a full disk leaves the old results file whole and no final.json: a rerun writes the row
@@ -440,7 +419,7 @@ def finish(run):
                  f"{run.out} and its checkpoint are kept: rerun with --resume to write the row", code=1)
         atomic_write(run.out / "final.json", (json.dumps(row, indent=1) + "\n").encode())
         if run.tokenizer is not None:  # a look at what the model learned
-            print_samples(run.model, run.tokenizer, run.args, run.device, run.autocast)
+            print_samples(run.model, run.tokenizer, run.args, run.autocast)
         run.log_file.close(row)
     if ckpt_error is not None:
         print0(f"train.py: the row is written, but the final checkpoint could not be ({ckpt_error.filename}: "
@@ -450,31 +429,7 @@ def finish(run):
     return 0
 
 
-def results_row(run, val_loss, extra_eval):
-    """The results row of a finished run: every ModelConfig field and count (flops.summary), the horizon, the
-    losses, LRs, throughput, the data, the identity and its run_id; all that fit_laws.py needs of a run."""
-    args, meta, progress = run.args, run.meta, run.progress
-    n_tokens = run.steps * args.batch_tokens
-    tokens_per_s = progress["tokens_per_s"]
-    mfu = None
-    if tokens_per_s:
-        mfu = flops.mfu(run.cfg, tokens_per_s, WORLD, run.device_name)
-    data_keys = ("tokenizer_kind", "tokenizer_sha256", "vocab_size", "seq_len", "train_rows", "val_rows",
-                 "train_tokens", "command")
-    data_meta = {k: meta.get(k) for k in data_keys}
-    data_meta["dir"] = str(Path(args.data).resolve())
-    data_meta["epochs"] = run.train_loader.row / max(1, meta["train_rows"])
-    return run.summary | dict(
-        tokens=n_tokens, steps=run.steps, flops_actual=run.summary["flops_per_token"] * n_tokens,
-        val_loss=val_loss, train_loss=progress["train_loss"], **extra_eval, eval_rows=run.identity["eval_rows"],
-        seed=args.seed, tokens_per_s=tokens_per_s, mfu=mfu, wall_s=progress["wall_s"] + time.time() - run.t_start,
-        compile_s=run.compile_s, lrs=run.identity["lrs"], base_lrs=run.identity["base_lrs"],
-        lr_rule=run.identity["lr_rule"], world_size=WORLD, device=run.device_name, dtype=run.identity["dtype"],
-        attention=run.backend, run=run.name, out=str(run.out), data_meta=data_meta, run_id=run.run_id,
-        identity=run.identity, finished=True)
-
-
-def print_samples(model, tokenizer, args, device, autocast):
+def print_samples(model, tokenizer, args, autocast):
     """--sample continuations of --prompt (temperature 0.8, top-k 50), seeded by --seed: a rerun prints the same."""
     with autocast:
         texts = model.sample_texts(tokenizer, [args.prompt] * args.sample, args.sample_tokens, 0.8, 50, args.seed)
