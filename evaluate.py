@@ -419,7 +419,7 @@ def main(argv=None):
         if runs:
             check_results(args.results, args.scoring)
         encodings, tokenizers = encode_all(runs, tasks, args.scoring)
-    except ValueError as e:  # a DataError, or fit_laws' ValueError for a bad --categories
+    except ValueError as e:  # a DataError, or eval_tasks' ValueError for a bad --categories
         fail(str(e))
     for run in runs:
         loop_counts = list(dict.fromkeys([run["cfg"].r, *args.eval_r]))

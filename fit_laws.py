@@ -738,6 +738,7 @@ def reused_or_fitted(path, rows, options, notes, json_out):
                   file=sys.stderr)
             return restored_analysis(stored)
     analysis = analyse(rows, options)
+    analysis["notes"][:0] = notes  # the loading notes first (a stored analysis has them: they are in its fingerprint)
     analysis["fingerprint"] = fingerprint
     return analysis
 
@@ -780,7 +781,6 @@ def fit_and_report(args):
         seed = args.seed + 1_000_003 * k  # the compared sweep's own restarts and resamples
         options = FitOptions(restarts=args.restarts, bootstrap=args.bootstrap, seed=seed, workers=args.workers)
         analysis = reused_or_fitted(path, rows, options, notes, args.json)
-        analysis["notes"] = notes + [note for note in analysis["notes"] if note not in notes]  # the loading notes first
         report(analysis, str(path))
         fits.append(analysis)
     if fits:

@@ -26,7 +26,6 @@ from pathlib import Path
 import flops
 from common import DataError, fail, one_line_errors, positive_int, read_rows
 from dataloader import read_meta
-from runs import plan_run, run_identity, train_parser
 
 # train.py's dtype "auto" is bf16 on GPU and fp32 on CPU, and the dtype is part of a run's identity: a row
 # is this run's if it has the run_id of either device (--todo asks for the one its tasks will run on).
@@ -44,7 +43,6 @@ SQUEUE_RUNNING = ("RUNNING", "COMPLETING", "CONFIGURING")
 class PlannedRun:
     """One line of the plan as train.py will see it."""
     name: str
-    flags: str            # the plan line's train.py flags
     run_ids: dict         # device -> the run_id train.py gives these flags on that device
     batch_tokens: int
     flops_per_token: int  # flops.py's count
@@ -65,6 +63,8 @@ class SlurmTask:
 def plan_runs(lines, data_dir, devices=DEVICES, world=1):
     """PlannedRun of each "name|flags" line on the data in data_dir, for `world` ranks; a bad line is a
     DataError naming it (what train.py would refuse, said before anything is submitted)."""
+    # runs.py brings torch and model.py (seconds to import): only the identities need them, not --plan's pricing
+    from runs import plan_run, run_identity, train_parser
     meta = read_meta(data_dir, verify=False)
     parser = train_parser()
     planned = []
@@ -81,7 +81,7 @@ def plan_runs(lines, data_dir, devices=DEVICES, world=1):
             except ValueError as e:
                 raise DataError(f"plan line {name}: {e}") from None
         per_token = flops.flops_per_token(cfg)
-        planned.append(PlannedRun(name, flags, run_ids, args.batch_tokens, per_token,
+        planned.append(PlannedRun(name, run_ids, args.batch_tokens, per_token,
                                   per_token * steps * args.batch_tokens))
     if not planned:
         raise DataError("no plan lines on stdin (expected 'name|train.py flags')")
@@ -99,17 +99,8 @@ def parse_flags(parser, name, argv):
 
 def finished_rows(results):
     """{run_id: row} of a results file (none if it is missing; a torn line is skipped, fit_laws.py reports it)."""
-    rows = {}
-    if not results.is_file():
-        return rows
-    for line in results.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and "run_id" in row:
-            rows[row["run_id"]] = row
-    return rows
+    rows, _ = read_rows(results)
+    return {row["run_id"]: row for row in rows if "run_id" in row}
 
 
 def row_of(run, rows):
@@ -400,6 +391,9 @@ def price_plan(lines, data_dir, results, flops_per_s):
     run must read no more than the data's train_tokens (data_shortfall names the shards to prepare) unless
     ALLOW_REPEAT=1. The wall time is at flops_per_s, else at the mean achieved FLOP/s of the rows in `results`."""
     meta = read_data_meta(data_dir)
+    data_shape = (None, None)  # the flags' vocabulary and sequence length unless the data has its own
+    if meta:
+        data_shape = (meta["vocab_size"], meta["seq_len"])
     parser = argparse.ArgumentParser(prog="flops.py --plan", add_help=False)
     flops.add_model_args(parser)
     flops.budget_args(parser)
@@ -409,12 +403,9 @@ def price_plan(lines, data_dir, results, flops_per_s):
             continue
         name, _, flags = line.rstrip("\n").partition("|")
         args, _ = parser.parse_known_args(flags.split())  # train-only flags (--eval-rows, ...) are not ours
-        if meta:
-            args.vocab_size = meta["vocab_size"]
-            args.seq_len = meta["seq_len"]
         if args.flops is None:
             raise ValueError(f"plan line {name!r} has no --flops budget")
-        cfg = flops.config_from_args(args)
+        cfg = flops.config_from_args(args, *data_shape)
         rows.append((name, cfg, flops.summary(cfg, args.flops, args.batch_tokens)))
     if not rows:
         raise ValueError("no plan lines on stdin (expected 'name|train.py flags')")

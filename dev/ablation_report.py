@@ -21,12 +21,10 @@ import statistics
 import sys
 from pathlib import Path
 
+from diagnose_report import load as read_rows  # dev/'s one JSONL reader
+
 RESULTS = Path(__file__).resolve().parent / "results"
 BASE, LAYOUT, EVAL = RESULTS / "cpu-micro", RESULTS / "cpu-micro-layout", RESULTS / "cpu-micro-eval"
-
-
-def read_rows(path):
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def by_cell(rows):
@@ -152,9 +150,10 @@ def main():
         sys.exit(f"ablation_report.py: {out / 'results.jsonl'} not found: run dev/ablate.sh first")
     variant_rows = read_rows(out / "results.jsonl")
     if args.layout_anchored_rows or args.same_cells:
-        rows = layout_anchored_rows(variant_rows)
         if args.same_cells:
             rows = rows_in_cells(read_rows(args.same_cells), variant_rows)
+        else:
+            rows = layout_anchored_rows(variant_rows)
         print("".join(json.dumps(row) + "\n" for row in rows), end="")
         return
     name = out.name.removeprefix("cpu-micro-")

@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+import ablation_report
 from diagnose_report import load  # dev/'s one JSONL reader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -53,9 +54,9 @@ def column(row):
 
 
 def layout_anchored_rows(grid):
-    """A case study's looped rows with the layout-matched r = 1 runs as the anchor (the plain r = 1 is dropped)."""
-    return ([row for row in load_rows("cpu-micro-layout") if row["r"] == 1] +
-            [row for row in load_rows(grid) if row["r"] > 1])
+    """A case study's looped rows with the layout-matched r = 1 runs as the anchor (the plain r = 1 is dropped):
+    what dev/ablate.sh fits an ablation's delta-phi on, built by the same function."""
+    return ablation_report.layout_anchored_rows(load_rows(grid))
 
 
 def phi_with_ci(joint):
