@@ -12,8 +12,8 @@
 #    Saunshi et al.'s reasoning primitives), $ITEMS items a task, at the trained r. Rows in $RESULT/eval.jsonl
 #    for core (the authors' rules, the default), $RESULT/eval-$SCORING.jsonl otherwise. A rerun skips what is done.
 # 2. fit_laws.py on each category's loss and on the validation loss of the same runs, joined by run_id:
-#    $FIT/<category>.json and .txt ($RESULT/fit for core, $RESULT/fit-$SCORING otherwise); the retrained grid's
-#    rows are copied to $RESULT/results.jsonl.
+#    $FIT/<category>.json and .txt ($RESULT/fit for core, $RESULT/fit-$SCORING otherwise), the validation loss
+#    in $RESULT/fit/val_loss.json (core's run); the retrained grid's rows are copied to $RESULT/results.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GRID_OUT="${GRID_OUT:-runs/cpu-micro}"
@@ -48,5 +48,7 @@ for metric in $("$PYTHON" -c "import json, sys; print(' '.join(json.load(open(sy
     --categories "$CATEGORIES" --workers "$WORKERS" --json "$FIT/$metric.json" > "$FIT/$metric.txt"
   grep -m 1 "phi   =" "$FIT/$metric.txt" | sed "s/^/$SCORING $metric: /"
 done
-"$PYTHON" fit_laws.py "$RESULT/results.jsonl" --workers "$WORKERS" --json "$FIT/val_loss.json" > "$FIT/val_loss.txt"
-grep -m 1 "phi   =" "$FIT/val_loss.txt" | sed "s/^/val_loss: /"
+if [ "$SCORING" = core ]; then  # the validation loss does not depend on the scoring: fitted once, in $RESULT/fit
+  "$PYTHON" fit_laws.py "$RESULT/results.jsonl" --workers "$WORKERS" --json "$FIT/val_loss.json" > "$FIT/val_loss.txt"
+  grep -m 1 "phi   =" "$FIT/val_loss.txt" | sed "s/^/val_loss: /"
+fi

@@ -93,7 +93,8 @@ def phi_table():
     return lines
 
 
-EVAL = RESULTS / "cpu-micro-eval"
+EVAL = RESULTS / "cpu-micro-eval"            # the first retrain, scored under nanoloop-v1 (the rules of then)
+EVAL_CORE = RESULTS / "cpu-micro-eval-core"  # a second retrain, scored under core and again under nanoloop-v1
 CATEGORIES_CPU = RESULTS.parents[1] / "data" / "eval" / "categories-cpu.json"
 # phi refitted on each category's loss (App. I.1) at the paper's scale; its math and primitives are too noisy there
 PAPER_DOWNSTREAM = {"val_loss": "0.46", "parametric_knowledge": "0.58", "reading_comp": "0.71",
@@ -101,15 +102,39 @@ PAPER_DOWNSTREAM = {"val_loss": "0.46", "parametric_knowledge": "0.58", "reading
 
 
 def downstream_phi_table():
-    """phi of the joint law fitted on each category's loss of the retrained grid (dev/eval_micro.sh), and on
-    the validation loss of the same runs."""
-    lines = ["| loss fitted | runs | φ (95% CI) | R² | paper |", "|---|---|---|---|---|"]
-    fits = sorted((EVAL / "fit").glob("*.json"), key=lambda path: (path.stem != "val_loss", path.stem))
+    """phi of the joint law fitted on each category's loss (dev/eval_micro.sh), and on the validation loss of
+    the same runs, before -> after the scoring change: the committed nanoloop-v1 fits of the first retrain,
+    the second retrain under the same rules (what retraining alone moves), then under core (the rules
+    alone: same checkpoints, same runs)."""
+    lines = ["| loss fitted | runs | φ nanoloop-v1, 1st retrain | φ nanoloop-v1, 2nd retrain | φ core, 2nd retrain "
+             "| R² core | paper |", "|---|---|---|---|---|---|---|"]
+    fits = sorted((EVAL_CORE / "fit").glob("*.json"), key=lambda path: (path.stem != "val_loss", path.stem))
     for path in fits:
-        fit = json.loads(path.read_text())
+        core = json.loads(path.read_text())
+        first = json.loads((EVAL / "fit" / path.name).read_text())
+        second = core  # the validation loss is fitted once (it does not depend on the scoring)
+        if path.stem != "val_loss":
+            second = json.loads((EVAL_CORE / "fit-nanoloop-v1" / path.name).read_text())
         paper = PAPER_DOWNSTREAM.get(path.stem, "-")
-        lines.append(f"| {path.stem} | {fit['n_runs']} | {phi_with_ci(fit['joint'])} | {fit['joint']['r2']:.3f} | "
+        lines.append(f"| {path.stem} | {core['n_runs']} | {phi_with_ci(first['joint'])} | "
+                     f"{phi_with_ci(second['joint'])} | {phi_with_ci(core['joint'])} | {core['joint']['r2']:.3f} | "
                      f"{paper} |")
+    return lines
+
+
+def scoring_table():
+    """The two rule sets on the same checkpoints (EVAL_CORE's eval-nanoloop-v1.jsonl and eval.jsonl): per
+    task, the gold tokens scored over all runs and the mean per-token loss, nanoloop-v1 -> core."""
+    rows = {"nanoloop-v1": load(EVAL_CORE / "eval-nanoloop-v1.jsonl"), "core": load(EVAL_CORE / "eval.jsonl")}
+    lines = ["| task | rows | gold tokens a run, nanoloop-v1 → core | mean loss, nanoloop-v1 → core | truncated items, "
+             "nanoloop-v1 → core |", "|---|---|---|---|---|"]
+    for task in dict.fromkeys(row["task"] for row in rows["core"]):
+        per_rule = {rule: [row for row in task_rows if row["task"] == task] for rule, task_rows in rows.items()}
+        cells = []
+        for field, form in (("continuation_tokens", "{:.0f}"), ("loss", "{:.3f}"), ("truncated_items", "{:.1f}")):
+            means = [sum(row[field] for row in per_rule[rule]) / len(per_rule[rule]) for rule in rows]
+            cells.append(" → ".join(form.format(mean) for mean in means))
+        lines.append(f"| {task} | {len(per_rule['core'])} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -208,8 +233,10 @@ def main():
     print("phi per grid\n" + "\n".join(phi_table()))
     print("\nbest width per (budget, column): val loss (nats/token) and d\n" + "\n".join(best))
     print("\nevery run: val loss (nats/token)\n" + "\n".join(full))
-    if (EVAL / "fit").is_dir():
+    if (EVAL_CORE / "fit").is_dir():
         print("\ndownstream phi per category (dev/eval_micro.sh)\n" + "\n".join(downstream_phi_table()))
+        print("\nthe scoring rules on the same checkpoints, per task (means over the runs)\n" +
+              "\n".join(scoring_table()))
     if (EVAL / "results.jsonl").exists():
         print("\nretrained grid against the committed rows (val loss, nats/token)\n" + "\n".join(retrain_table()))
     if (RESULTS / "cpu-micro-newstep" / "results.jsonl").exists():

@@ -751,15 +751,22 @@ def test_bootstrap_resamples_whole_cells(small_bootstrap):
         assert len({r for r, c in zip(r_of_cell, counts) if c}) >= 2  # phi needs two loop counts
 
 
-DOWNSTREAM_FITS = sorted((STUDY / "cpu-micro-eval" / "fit").glob("*.json"))
+# Each committed downstream fit folder and the evaluation rows it was fitted on (dev/eval_micro.sh)
+DOWNSTREAM_FIT_DIRS = {"cpu-micro-eval/fit": "eval.jsonl", "cpu-micro-eval-core/fit": "eval.jsonl",
+                       "cpu-micro-eval-core/fit-nanoloop-v1": "eval-nanoloop-v1.jsonl"}
+DOWNSTREAM_FITS = sorted(path for folder in DOWNSTREAM_FIT_DIRS for path in (STUDY / folder).glob("*.json"))
 
 
-def test_the_downstream_evaluation_has_a_committed_fit_per_category():
+@pytest.mark.parametrize("folder", DOWNSTREAM_FIT_DIRS)
+def test_the_downstream_evaluation_has_a_committed_fit_per_category(folder):
+    """One fit per category; the validation loss of the same runs once per retrain (it does not depend on
+    the scoring, so fit-nanoloop-v1 beside a core fit has none)."""
     categories = json.loads((ROOT / "data" / "eval" / "categories-cpu.json").read_text())["categories"]
-    assert [p.stem for p in DOWNSTREAM_FITS] == sorted([*categories, "val_loss"])
+    val_loss = [] if folder.endswith("fit-nanoloop-v1") else ["val_loss"]
+    assert sorted(p.stem for p in (STUDY / folder).glob("*.json")) == sorted([*categories, *val_loss])
 
 
-@pytest.mark.parametrize("fit_json", DOWNSTREAM_FITS, ids=[p.stem for p in DOWNSTREAM_FITS])
+@pytest.mark.parametrize("fit_json", DOWNSTREAM_FITS, ids=[str(p.relative_to(STUDY)) for p in DOWNSTREAM_FITS])
 def test_each_committed_downstream_fit_refits_to_its_phi(fit_json):
     """App. I at CPU scale: each category's committed joint fit refits from the committed training rows and
     evaluation rows (joined by run_id, the category's loss in place of the validation loss) to the phi it
@@ -767,7 +774,8 @@ def test_each_committed_downstream_fit_refits_to_its_phi(fit_json):
     eval_dir = fit_json.parent.parent
     args = ["--restarts", "40", "--bootstrap", "0", "--workers", "1"]
     if fit_json.stem != "val_loss":
-        args += ["--evals", str(eval_dir / "eval.jsonl"), "--metric", fit_json.stem,
+        evals = DOWNSTREAM_FIT_DIRS[str(fit_json.parent.relative_to(STUDY))]
+        args += ["--evals", str(eval_dir / evals), "--metric", fit_json.stem,
                  "--categories", str(ROOT / "data" / "eval" / "categories-cpu.json")]
     proc = fit_cli(eval_dir / "results.jsonl", *args)
     assert proc.returncode == 0, proc.stderr

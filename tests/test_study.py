@@ -43,18 +43,59 @@ def study_tables_block(title):
 
 
 def test_readme_downstream_table_is_the_committed_category_fits():
-    """App. I at CPU scale: README's phi-per-category table is study_tables.py's rendering of
-    dev/results/cpu-micro-eval/fit/*.json (the validation loss of the same runs first, then each category of
-    data/eval/categories-cpu.json), and those fits read the committed evaluation rows."""
+    """App. I at CPU scale: README's phi-per-category table is study_tables.py's rendering of the committed
+    fits (the validation loss of the same runs first, then each category of data/eval/categories-cpu.json),
+    before -> after the scoring change, and those fits read the committed evaluation rows."""
     table = study_tables_block("downstream phi per category")
     categories = json.loads((ROOT / "data" / "eval" / "categories-cpu.json").read_text())["categories"]
     assert [line.split(" | ")[0].strip("| ") for line in table[2:]] == ["val_loss", *sorted(categories)]
     readme = (ROOT / "README.md").read_text().splitlines()
     assert all(line in readme for line in table), table
-    eval_rows = (ROOT / "dev" / "results" / "cpu-micro-eval" / "eval.jsonl").read_text().splitlines()
-    tasks = {json.loads(line)["task"] for line in eval_rows}
-    assert tasks == {task for labels in categories.values() for task in labels}
-    assert len(eval_rows) == len(tasks) * (56 + 4)  # every task, every grid run and seed run, at the trained r
+
+
+EVALUATIONS = {"cpu-micro-eval/eval.jsonl": "nanoloop-v1", "cpu-micro-eval-core/eval.jsonl": "core",
+               "cpu-micro-eval-core/eval-nanoloop-v1.jsonl": "nanoloop-v1"}
+
+
+@pytest.mark.parametrize("name", EVALUATIONS)
+def test_each_committed_evaluation_scores_every_run_and_task_once_under_one_rule_set(name):
+    """Every task of the CPU categories, every grid run (and seed run, where its folder has them) at the
+    trained r, once; each row says the rules it was scored under (rows of before the field existed were
+    nanoloop-v1's)."""
+    categories = json.loads((ROOT / "data" / "eval" / "categories-cpu.json").read_text())["categories"]
+    rows = read_jsonl(RESULTS / name)
+    folder = (RESULTS / name).parent
+    runs = read_jsonl(folder / "results.jsonl")
+    if (folder / "seeds.jsonl").exists():
+        runs += read_jsonl(folder / "seeds.jsonl")
+    run_ids = {row["run_id"] for row in runs}
+    tasks = {task for labels in categories.values() for task in labels}
+    assert {row["task"] for row in rows} == tasks and {row["run_id"] for row in rows} == run_ids
+    assert len({(row["run_id"], row["task"], row["r"]) for row in rows}) == len(rows) == len(tasks) * len(runs)
+    assert all(row["r"] == row["trained_r"] and row["items"] == 500 for row in rows)
+    assert {row.get("scoring", "nanoloop-v1") for row in rows} == {EVALUATIONS[name]}
+
+
+def test_the_two_rule_sets_scored_the_same_checkpoints():
+    """The before -> after table compares rules, not models: cpu-micro-eval-core's two files hold the same
+    (run, task) pairs on the same task files and item counts. Which tokens are scored depends on the rules
+    and the items, never on the model, so every run of a task scores the same gold tokens under one rule
+    set; core scores the space before a primitive's answer with it (about one more token an item: each rule
+    set keeps its own 500-item subsample, so the counts are not exactly 2:1)."""
+    core = {(row["run_id"], row["task"]): row for row in read_jsonl(RESULTS / "cpu-micro-eval-core" / "eval.jsonl")}
+    old = {(row["run_id"], row["task"]): row
+           for row in read_jsonl(RESULTS / "cpu-micro-eval-core" / "eval-nanoloop-v1.jsonl")}
+    assert core.keys() == old.keys()
+    for key, row in core.items():
+        assert (row["items"], row["dataset"]) == (old[key]["items"], old[key]["dataset"]), key
+    for rows in (core, old):
+        tokens = {}
+        for (_, task), row in rows.items():
+            tokens.setdefault(task, set()).add((row["continuation_tokens"], row["truncated_items"]))
+        assert all(len(per_run) == 1 for per_run in tokens.values()), tokens
+    for (run_id, task), row in core.items():
+        if task.startswith("var_assign"):
+            assert abs(row["continuation_tokens"] - old[run_id, task]["continuation_tokens"] - row["items"]) < 0.05 * row["items"]
 
 
 def test_layout_anchored_fits_read_the_committed_rows():
@@ -81,6 +122,7 @@ EXPECTED_RESULTS = {"cpu-micro/results.jsonl": 56, "cpu-micro-layout/results.jso
                     "cpu-micro-hyper/results.jsonl": 59, "diagnostics/results.jsonl": 49,
                     "cpu-micro-v1-fileorder/results.jsonl": 52, "cpu-micro-v2-flat/results.jsonl": 48,
                     "cpu-micro-eval/results.jsonl": 56, "cpu-micro-eval/seeds.jsonl": 4,
+                    "cpu-micro-eval-core/results.jsonl": 56,
                     "cpu-micro-gated/results.jsonl": 56, "cpu-micro-gated-quick/results.jsonl": 14,
                     "cpu-micro-newstep/results.jsonl": 26}
 
@@ -102,7 +144,7 @@ def test_every_expected_result_set_is_committed_whole():
     for name, n_rows in EXPECTED_RESULTS.items():
         assert len(read_jsonl(RESULTS / name)) == n_rows, name
     assert {RESULTS / name for name in EXPECTED_RESULTS} <= set(COMMITTED_ROWS)
-    assert sum(EXPECTED_RESULTS.values()) == 594
+    assert sum(EXPECTED_RESULTS.values()) == 650
 
 
 @pytest.mark.parametrize("path", COMMITTED_ROWS, ids=[str(p.relative_to(RESULTS)) for p in COMMITTED_ROWS])
