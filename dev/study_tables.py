@@ -110,11 +110,11 @@ def downstream_phi_table():
              "| R² core | paper |", "|---|---|---|---|---|---|---|"]
     fits = sorted((EVAL_CORE / "fit").glob("*.json"), key=lambda path: (path.stem != "val_loss", path.stem))
     for path in fits:
-        core = json.loads(path.read_text())
-        first = json.loads((EVAL / "fit" / path.name).read_text())
+        core = read_json(path)
+        first = read_json(EVAL / "fit" / path.name)
         second = core  # the validation loss is fitted once (it does not depend on the scoring)
         if path.stem != "val_loss":
-            second = json.loads((EVAL_CORE / "fit-nanoloop-v1" / path.name).read_text())
+            second = read_json(EVAL_CORE / "fit-nanoloop-v1" / path.name)
         paper = PAPER_DOWNSTREAM.get(path.stem, "-")
         lines.append(f"| {path.stem} | {core['n_runs']} | {phi_with_ci(first['joint'])} | "
                      f"{phi_with_ci(second['joint'])} | {phi_with_ci(core['joint'])} | {core['joint']['r2']:.3f} | "
@@ -124,17 +124,17 @@ def downstream_phi_table():
 
 def scoring_table():
     """The two rule sets on the same checkpoints (EVAL_CORE's eval-nanoloop-v1.jsonl and eval.jsonl): per
-    task, the gold tokens scored over all runs and the mean per-token loss, nanoloop-v1 -> core."""
+    task, the mean over the runs of its gold tokens, per-token loss and cropped items, nanoloop-v1 -> core."""
     rows = {"nanoloop-v1": load(EVAL_CORE / "eval-nanoloop-v1.jsonl"), "core": load(EVAL_CORE / "eval.jsonl")}
     lines = ["| task | rows | gold tokens a run, nanoloop-v1 → core | mean loss, nanoloop-v1 → core | truncated items, "
              "nanoloop-v1 → core |", "|---|---|---|---|---|"]
     for task in dict.fromkeys(row["task"] for row in rows["core"]):
-        per_rule = {rule: [row for row in task_rows if row["task"] == task] for rule, task_rows in rows.items()}
+        per_rule = [[row for row in rule_rows if row["task"] == task] for rule_rows in rows.values()]
         cells = []
         for field, form in (("continuation_tokens", "{:.0f}"), ("loss", "{:.3f}"), ("truncated_items", "{:.1f}")):
-            means = [sum(row[field] for row in per_rule[rule]) / len(per_rule[rule]) for rule in rows]
+            means = [sum(row[field] for row in task_rows) / len(task_rows) for task_rows in per_rule]
             cells.append(" → ".join(form.format(mean) for mean in means))
-        lines.append(f"| {task} | {len(per_rule['core'])} | " + " | ".join(cells) + " |")
+        lines.append(f"| {task} | {len(per_rule[-1])} | " + " | ".join(cells) + " |")
     return lines
 
 
