@@ -23,10 +23,14 @@ class LinearSoftcapCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, targets, vocab_size, cap):
         n, padded = h.size(0), weight.size(0)
-        grad_h, grad_weight = None, None
+        grad_h, grad_weight_t = None, None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             grad_h = torch.empty_like(h)
-            grad_weight = torch.zeros_like(weight)
+            # W's gradient is summed as its transpose (d x vocab), h_block^T grad_z: MKL's gemm at these shapes
+            # is 2-8x slower reading grad_z transposed (grad_z^T h_block), the 128-row blocks' largest cost at
+            # d = 8 (dev/bench_train.py). For the same reason grad_z multiplies W through its transposed copy.
+            grad_weight_t = h.new_zeros(h.size(1), padded)
+            weight_t = weight.t().contiguous()
         rows = max(64, 2 ** 18 // padded)  # 2^18 fp32 logits: 1 MiB, one core's L2
         total = h.new_zeros(())
         for first in range(0, n, rows):
@@ -45,9 +49,9 @@ class LinearSoftcapCrossEntropy(torch.autograd.Function):
             grad_z = probs.mul_(slope).mul_(4 / n)
             if padded > vocab_size:  # the vocabulary's padding columns get no gradient
                 grad_z = F.pad(grad_z, (0, padded - vocab_size))
-            torch.mm(grad_z, weight, out=grad_h[first:first + rows])
-            grad_weight += torch.mm(grad_z.t(), h_block)
-        ctx.save_for_backward(grad_h, grad_weight)
+            torch.mm(grad_z, weight_t.t(), out=grad_h[first:first + rows])
+            grad_weight_t.addmm_(h_block.t(), grad_z)
+        ctx.save_for_backward(grad_h, None if grad_weight_t is None else grad_weight_t.t().contiguous())
         return total / n
 
     @staticmethod

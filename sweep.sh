@@ -590,7 +590,14 @@ wait_for_slot() {  # sets SLOT to a free slot index (no subshell: SLOT_PID must 
 
 trap 'echo "sweep.sh: interrupted; running jobs checkpoint on SIGTERM, rerun to resume" >&2; kill -TERM $(jobs -p) 2>/dev/null; wait; exit 130' INT TERM
 
-for line in "${LINES[@]}"; do
+# Longest runs first, so that the slots finish together instead of one slot running the largest budget alone at
+# the end (greedy longest-processing-time scheduling). A run's wall time grows with its budget and, at one
+# budget, falls with width (fewer, slightly slower steps); the grids list widths in ascending order, so a
+# stable sort on --flops, largest first, is that order. The plan, --print and SLURM's array keep the grid's.
+mapfile -t RUN_ORDER < <(for line in "${LINES[@]}"; do echo "$(flag_value "$line" --flops) $line"; done |
+                         sort -s -g -r -k1,1 | cut -d' ' -f2-)
+
+for line in "${RUN_ORDER[@]}"; do
   name="${line%%|*}"; flags="${line#*|}"
   wait_for_slot
   cmd=$(train_command "$name" "$flags" "$SLOT")
