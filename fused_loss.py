@@ -50,7 +50,7 @@ class LinearSoftcapCrossEntropy(torch.autograd.Function):
             if padded > vocab_size:  # the vocabulary's padding columns get no gradient
                 grad_z = F.pad(grad_z, (0, padded - vocab_size))
             torch.mm(grad_z, weight_t.t(), out=grad_h[first:first + rows])
-            grad_weight_t.addmm_(h_block.t(), grad_z)
+            grad_weight_t += torch.mm(h_block.t(), grad_z)  # an mm, as lm_head's backward (FlopCounterMode's count)
         ctx.save_for_backward(grad_h, None if grad_weight_t is None else grad_weight_t.t().contiguous())
         return total / n
 
