@@ -378,13 +378,25 @@ def check_run(path, data_dir=""):
 
 
 def compile_or_eager(model, batch_rows, seq_len):
-    """(torch.compile(model), seconds it took), compiled now by one throwaway forward+backward on a dummy
+    """(the compiled model, seconds it took), compiled now by one throwaway forward+backward on a dummy
     batch, so that a missing C++ compiler or an inductor error falls back to (model, seconds) with one line
     on stderr instead of failing mid-run. RNG state and gradients are left as they were (a resumed run
-    stays exact). Called under the autocast the model trains in."""
+    stays exact). Called under the autocast the model trains in.
+
+    On GPU the whole model is one graph (30-50 s once, in runs of hours). On CPU only each transformer
+    block's forward is compiled ("regional compilation", pytorch.org/tutorials/recipes/regional_compilation):
+    every block of one width is the same graph, so a single compile serves all 20 layers and, through
+    inductor's on-disk cache, every later run at that width of any r: 2-3 s warm against the whole model's
+    14-50 s, which the CPU grids' 1-9 minute runs would not earn back. The rest (the loop, the injection, the
+    fused loss) stays eager; finish's validation and samples run eager blocks again (eager_blocks)."""
     t0 = time.time()
-    compiled = torch.compile(model)
     device = next(model.parameters()).device
+    compiled = model
+    if device.type == "cpu":
+        for block in all_blocks(model):
+            block.forward = torch.compile(block.forward)  # an instance attribute: state_dict keys unchanged
+    else:
+        compiled = torch.compile(model)
     x = torch.zeros(batch_rows, seq_len, dtype=torch.long, device=device)
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -392,9 +404,20 @@ def compile_or_eager(model, batch_rows, seq_len):
     except Exception as e:  # dynamo/inductor raise many kinds; all of them mean "run eagerly"
         reason = str(e).strip()[:200]
         print(f"torch.compile failed ({type(e).__name__}: {reason!r}); running eagerly", file=sys.stderr)
+        eager_blocks(model)
         compiled = model
     model.zero_grad(set_to_none=True)
     return compiled, time.time() - t0
+
+
+def all_blocks(model):
+    return [*model.prelude, *model.recur, *model.coda]
+
+
+def eager_blocks(model):
+    """Undo compile_or_eager's CPU compilation: each block's forward is its class's again."""
+    for block in all_blocks(model):
+        block.__dict__.pop("forward", None)
 
 
 def load_run_model(run, device):

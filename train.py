@@ -37,8 +37,8 @@ from common import DataError, append_row, atomic_write
 from dataloader import RowLoader, load_tokenizer, read_meta
 from model import GPT
 from muonh import build_optimizers, lr_multiplier
-from runs import (compile_or_eager, finished_row, load_run_model, open_outputs, plan_run, restore_checkpoint,
-                  results_row, run_identity, save_checkpoint, settle, train_parser)
+from runs import (compile_or_eager, eager_blocks, finished_row, load_run_model, open_outputs, plan_run,
+                  restore_checkpoint, results_row, run_identity, save_checkpoint, settle, train_parser)
 
 # SIGTERM/SIGINT (preemption, Ctrl-C) only set this event: the step in flight finishes, then every
 # rank agrees to stop, a checkpoint is written and the run exits; --resume continues it exactly.
@@ -400,6 +400,7 @@ def finish(run):
     """The final checkpoint first (a failed write is reported, the row is still written: the compute is not
     lost), then validation, the row (durable, under a lock) and only then final.json."""
     ckpt_error = None
+    eager_blocks(run.model)  # validation and samples in eager blocks, as evaluate.py scores (CPU --compile)
     try:
         if not checkpoint(run, time.time() - run.t_start):
             return diverged(run, "the weights are no longer finite")
