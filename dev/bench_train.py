@@ -5,11 +5,14 @@ train.py's loop (forward, backward, MuonH + AdamW, zero_grad) on 2,048 tokens (1
 count r asked for.
 
 "old" is model.py as it was at --old-rev (read from git) under glibc's default allocator; "new" is this
-checkout's model.py with common.keep_freed_memory(), what train.py does on CPU. The allocator is a
-process-wide setting, so each arm runs in worker processes of its own; the two alternate per shape and
-round (old, new, new, old, ...), so that drift on a shared machine hits both alike. Each worker times
---steps steps after one warm-up step; a shape's time is the median over all its workers' steps. Both arms
-start from the same weights and batch, so their first losses must agree to fp32 rounding.
+checkout's model.py with common.keep_freed_memory(), what train.py does on CPU; "compiled" is "new" after
+runs.compile_or_eager, what train.py --compile does on CPU (each block compiled; dev/ablate.sh's runs).
+The allocator is a process-wide setting, so each arm runs in worker processes of its own; the arms take
+turns per shape and round (old, new, compiled, then compiled, new, old, ...), so that drift on a shared
+machine hits all alike. Each worker times --steps steps after one warm-up step; a shape's time is the
+median over all its workers' steps. The compile column is the compiled arm's compile_or_eager seconds,
+first worker (a cold inductor cache, at each width's first r) / last (warm). All arms start from the same
+weights and batch, so their first losses must agree to fp32 rounding.
 
     python dev/bench_train.py                                   # d = 8, 16, 24, 32, 48 x r = 1, 2, 4, 8
     python dev/bench_train.py --widths 8 24 --r 4 --rounds 2    # a few shapes
@@ -26,12 +29,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 OLD_REV = "5aed072"  # the last commit before the CPU step was sped up
+ARMS = ("old", "new", "compiled")
 
 
 def worker(args):
     """Time args.steps training steps of one arm at one shape in this process; print them as JSON."""
     sys.path.insert(0, str(REPO))
-    if args.worker == "new":
+    if args.worker != "old":
         import common
         common.keep_freed_memory()
     import importlib.util
@@ -49,11 +53,15 @@ def worker(args):
     model = model_module.GPT(cfg)
     lrs = learning_rates(cfg.d_model, 2048, 500 * 2048, 5e5, ref_width=32, ref_batch=2048)
     optimizers = [opt for opt in build_optimizers(model.param_groups(), lrs, compute_dtype=torch.float32) if opt]
+    step_model, compile_s = model, None
+    if args.worker == "compiled":
+        from runs import compile_or_eager
+        step_model, compile_s = compile_or_eager(model, 16, 128)
     batch = torch.randint(0, 2048, (2, 16, 128), generator=torch.Generator().manual_seed(1))
     step_seconds, losses = [], []
     for step in range(args.steps + 1):
         t0 = time.perf_counter()
-        loss = model(batch[0], batch[1])
+        loss = step_model(batch[0], batch[1])
         loss.backward()
         for opt in optimizers:
             opt.step()
@@ -61,7 +69,7 @@ def worker(args):
         if step > 0:  # the first step pays for allocation and lazy initialisation
             step_seconds.append(time.perf_counter() - t0)
         losses.append(loss.item())
-    print(json.dumps({"step_s": step_seconds, "losses": losses}))
+    print(json.dumps({"step_s": step_seconds, "losses": losses, "compile_s": compile_s}))
 
 
 def run_worker(arm, width, r, steps, model_file):
@@ -86,29 +94,36 @@ def old_model_file(rev, folder):
 
 def compare(args):
     print(f"one training step of 2,048 tokens, fp32, 1 thread; median of {args.rounds} x {args.steps} steps per arm; "
-          f"old = model.py at {args.old_rev} + glibc's default malloc, new = this checkout (train.py on CPU)")
-    print(f"{'d':>4}{'r':>3}{'old ms':>9}{'new ms':>9}{'new/old speed':>15}{'|loss old - new|':>18}")
-    ratios = []
+          f"old = model.py at {args.old_rev} + glibc's default malloc, new = this checkout (train.py on CPU), "
+          f"compiled = new + compile_or_eager (train.py --compile on CPU)")
+    print(f"{'d':>4}{'r':>3}{'old ms':>9}{'new ms':>9}{'compiled ms':>13}{'new/old':>9}{'compiled/old':>14}"
+          f"{'compile s':>13}{'|loss old - new|, - compiled|':>31}")
+    ratios = {"new": [], "compiled": []}
     with tempfile.TemporaryDirectory() as tmp:
-        files = {"old": old_model_file(args.old_rev, tmp), "new": REPO / "model.py"}
+        files = {"old": old_model_file(args.old_rev, tmp), "new": REPO / "model.py", "compiled": REPO / "model.py"}
         for width in args.widths:
             for r in args.r:
-                times = {"old": [], "new": []}
-                first_loss = {}
+                results = {arm: [] for arm in ARMS}
                 for round_index in range(args.rounds):
-                    order = ("old", "new") if round_index % 2 == 0 else ("new", "old")
+                    order = ARMS if round_index % 2 == 0 else ARMS[::-1]
                     for arm in order:
-                        result = run_worker(arm, width, r, args.steps, files[arm])
-                        times[arm] += result["step_s"]
-                        first_loss[arm] = result["losses"][0]
-                old_ms = 1000 * statistics.median(times["old"])
-                new_ms = 1000 * statistics.median(times["new"])
-                ratios.append(old_ms / new_ms)
-                loss_gap = abs(first_loss["old"] - first_loss["new"])
-                print(f"{width:>4}{r:>3}{old_ms:>9.0f}{new_ms:>9.0f}{old_ms / new_ms:>14.2f}x{loss_gap:>18.1e}",
-                      flush=True)
-    print(f"speed-up over {len(ratios)} shapes: min {min(ratios):.2f}x, median {statistics.median(ratios):.2f}x, "
-          f"max {max(ratios):.2f}x")
+                        results[arm].append(run_worker(arm, width, r, args.steps, files[arm]))
+                print_shape(width, r, results, ratios)
+    for arm in ratios:
+        print(f"{arm}/old over {len(ratios[arm])} shapes: min {min(ratios[arm]):.2f}x, "
+              f"median {statistics.median(ratios[arm]):.2f}x, max {max(ratios[arm]):.2f}x")
+
+
+def print_shape(width, r, results, ratios):
+    """One table row: each arm's median step, the speed-ups over old, compile seconds and first-loss gaps."""
+    ms = {arm: 1000 * statistics.median([t for result in results[arm] for t in result["step_s"]]) for arm in ARMS}
+    first_loss = {arm: results[arm][0]["losses"][0] for arm in ARMS}
+    compile_s = [result["compile_s"] for result in results["compiled"]]
+    for arm in ratios:
+        ratios[arm].append(ms["old"] / ms[arm])
+    gaps = f"{abs(first_loss['old'] - first_loss['new']):.1e}, {abs(first_loss['old'] - first_loss['compiled']):.1e}"
+    print(f"{width:>4}{r:>3}{ms['old']:>9.0f}{ms['new']:>9.0f}{ms['compiled']:>13.0f}{ms['old'] / ms['new']:>8.2f}x"
+          f"{ms['old'] / ms['compiled']:>13.2f}x{compile_s[0]:>7.1f}/{compile_s[-1]:<5.1f}{gaps:>31}", flush=True)
 
 
 def main():
@@ -119,7 +134,7 @@ def main():
     p.add_argument("--rounds", type=int, default=2, help="workers per arm and shape, alternating old/new")
     p.add_argument("--old-rev", default=OLD_REV, help="the git revision whose model.py is 'old'")
     p.add_argument("--tiny", action="store_true", help="d = 8, r = 2, 2 steps, 1 round: checks that it runs")
-    p.add_argument("--worker", choices=["old", "new"], help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
     p.add_argument("--width", type=int, help=argparse.SUPPRESS)
     p.add_argument("--model-file", help=argparse.SUPPRESS)
     args = p.parse_args()

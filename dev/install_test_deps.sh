@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # install_test_deps.sh — the Debian packages the SLURM tests need (tests/test_slurm.py starts a one-node
-# cluster from them): slurm-wlm (slurmctld, slurmd, sbatch, squeue, scontrol) and munge (its auth daemon).
+# cluster from them): slurm-wlm (slurmctld, slurmd, sbatch, squeue, scontrol) and munge (its auth daemon);
+# and g++, which inductor compiles with (train.py --compile on CPU, tests/test_train.py's compile test).
 # Idempotent: installs only what is missing, prints one line either way. Needs root and apt-get.
 set -euo pipefail
 
 missing=()
-for tool in slurmctld:slurm-wlm slurmd:slurm-wlm sbatch:slurm-wlm munged:munge; do
+for tool in slurmctld:slurm-wlm slurmd:slurm-wlm sbatch:slurm-wlm munged:munge g++:g++; do
   if ! command -v "${tool%%:*}" >/dev/null 2>&1; then
     missing+=("${tool#*:}")
   fi
 done
 if [ "${#missing[@]}" -eq 0 ]; then
-  echo "install_test_deps.sh: slurm-wlm and munge are installed"
+  echo "install_test_deps.sh: slurm-wlm, munge and g++ are installed"
   exit 0
 fi
 packages=$(printf '%s\n' "${missing[@]}" | sort -u | tr '\n' ' ')

@@ -273,6 +273,6 @@ def test_bad_cluster_settings_are_one_line_before_anything_is_submitted(cluster,
 
 
 def test_install_test_deps_says_one_line_when_slurm_is_there():
-    """dev/install_test_deps.sh (run first by .ci/run) installs slurm-wlm and munge only when missing."""
+    """dev/install_test_deps.sh (run first by .ci/run) installs slurm-wlm, munge and g++ only when missing."""
     proc = subprocess.run(["bash", "dev/install_test_deps.sh"], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and proc.stdout == "install_test_deps.sh: slurm-wlm and munge are installed\n"
+    assert proc.returncode == 0 and proc.stdout == "install_test_deps.sh: slurm-wlm, munge and g++ are installed\n"

@@ -445,6 +445,37 @@ def test_a_run_that_repeats_data_says_so(sample_data, tmp_path, capsys):
     assert json.loads((tmp_path / "run" / "final.json").read_text())["data_meta"]["epochs"] > 1
 
 
+def test_compile_on_cpu_compiles_each_block_to_the_eager_loss_and_gradients(capsys):
+    """On CPU, --compile compiles each transformer block's forward (runs.compile_or_eager: one graph serves
+    every layer of a width, warm from inductor's cache in seconds), not the whole model. The compiled step's
+    loss and gradients are the eager step's to fp32 rounding, and runs.eager_blocks gives every block its
+    class's forward back (finish's validation and samples) with the state_dict's keys unchanged."""
+    from model import GPT
+    cfg = flops.ModelConfig(r=2, scale=0.25, head_dim=8, vocab_size=256, seq_len=32, depth=6, prelude=1, coda=1,
+                            injection="gated")
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    keys = list(model.state_dict())
+    x = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1))
+    y = torch.roll(x, -1, dims=1)
+    eager_loss = model(x, y)
+    eager_loss.backward()
+    eager_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    compiled, seconds = runs.compile_or_eager(model, 4, 32)
+    assert capsys.readouterr().err == ""  # no fallback to eager
+    assert compiled is model and seconds > 0
+    assert all("forward" in vars(block) for block in runs.all_blocks(model))  # each block's compiled forward
+    loss = compiled(x, y)
+    loss.backward()
+    assert abs(loss.item() - eager_loss.item()) < 1e-5
+    for param, eager_grad in zip(model.parameters(), eager_grads):
+        torch.testing.assert_close(param.grad, eager_grad, rtol=1e-4, atol=1e-6)
+    runs.eager_blocks(model)
+    assert not any("forward" in vars(block) for block in runs.all_blocks(model))
+    assert list(model.state_dict()) == keys
+
+
 def test_compile_on_cpu_falls_back_to_eager_when_inductor_fails(sample_data, tmp_path, monkeypatch, capsys):
     """Old: --compile was ignored on CPU. Now it compiles there too (dev/bench_train.py measures when
     it pays), and a compiler that fails leaves one line and an eager run with the same losses."""
