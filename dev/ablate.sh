@@ -13,7 +13,7 @@
 # --quick fits its delta-phi on the same cells of the base (fit/base.jsonl, fit/layout.jsonl) without a
 # bootstrap: one looped r at two budgets does not identify phi, so its answer is the paired table.
 # Its runs train with --compile (not part of a run's identity): on CPU it compiles each block, a few seconds a
-# run once inductor's cache holds a width, for ~2x the eager step (dev/README "A faster CPU step").
+# run once inductor's cache holds a width, for 1.2-1.8x today's eager step (dev/bench_train.py).
 # Environment: CPU_JOBS (default 2), PYTHON, OUT, COMPILE (default 1; 0 trains eagerly).
 set -euo pipefail
 cd "$(dirname "$0")/.."
