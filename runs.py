@@ -387,8 +387,9 @@ def compile_or_eager(model, batch_rows, seq_len):
     block's forward is compiled ("regional compilation", pytorch.org/tutorials/recipes/regional_compilation):
     every block of one width is the same graph, so a single compile serves all 20 layers and, through
     inductor's on-disk cache, every later run at that width of any r: ~3 s warm (10-24 s cold, once per
-    width) against the whole model's 14-50 s, which the CPU grids' 1-9 minute runs would not earn back. The rest (the loop, the injection, the
-    fused loss) stays eager; finish's validation and samples run eager blocks again (eager_blocks)."""
+    width) against the whole model's 14-50 s, which the CPU grids' 1-9 minute runs would not earn back. The
+    rest (the loop, the injection, the fused loss) stays eager; finish's validation and samples run eager
+    blocks again (eager_blocks)."""
     t0 = time.time()
     device = next(model.parameters()).device
     compiled = model
