@@ -106,3 +106,15 @@ def test_the_quick_preset_reads_as_a_paired_table_and_point_estimates(tmp_path):
     assert sorted(row["r"] for row in rows) == [1] * 7 + [4] * 7
     base = {row["run_id"] for row in read_jsonl(RESULTS / "cpu-micro" / "results.jsonl")}
     assert {row["run_id"] for row in rows if row["r"] == 1} <= base
+
+
+@pytest.mark.parametrize("anchor", ["cpu-micro", "cpu-micro-layout"])
+def test_an_ablation_reuses_the_committed_fit_of_each_anchor(anchor, tmp_path):
+    """dev/ablate.sh compares the variant against both anchors with fit_laws.py's protocol options: the fit
+    committed in each anchor's fit/ must still be current (same rows, options and fitting code), so that an
+    ablation fits only its own arm. After a change to the fitting code, refit the anchor as sweep.sh does."""
+    results = RESULTS / anchor / "results.jsonl"
+    proc = subprocess.run([sys.executable, str(ROOT / "fit_laws.py"), str(results), "--json", str(tmp_path / "a.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"reused the analysis in {RESULTS / anchor / 'fit' / 'fit.json'}" in proc.stderr
