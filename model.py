@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import cpu_attention
 from flops import ModelConfig
 from fused_loss import LinearSoftcapCrossEntropy
 from muonh import GROUP_NAMES
@@ -41,9 +42,11 @@ ROPE_BASE = 10000.0  # nanochat's
 # Attention backend: one small function decides, once per device.
 
 def attention_backend(device):
-    """('fa3', fn) on Hopper with FlashAttention-3, ('fa2', fn) with FlashAttention-2 installed,
-    else ('sdpa', None): PyTorch's scaled_dot_product_attention (always on CPU)."""
+    """('fa3', fn) on Hopper with FlashAttention-3, ('fa2', fn) with FlashAttention-2 installed, ('cpu', fn) on
+    CPU with cpu_attention.py's kernel built, else ('sdpa', None): PyTorch's scaled_dot_product_attention."""
     device = torch.device(device)
+    if device.type == "cpu" and cpu_attention.available():
+        return "cpu", cpu_attention.causal_attention
     if device.type != "cuda" or not torch.cuda.is_available():
         return "sdpa", None
     if torch.cuda.get_device_capability(device)[0] == 9:
@@ -62,7 +65,9 @@ def attention_backend(device):
 def causal_attention(q, k, v, backend):
     """q, k, v: (B, T, H, D). Standard 1/sqrt(D) scale, causal mask."""
     name, flash_fn = backend
-    if name == "sdpa":
+    if name == "cpu" and v.dtype == torch.float32:
+        return flash_fn(q, k, v)  # the CPU grids' head dim 8: 2-3x PyTorch's flash kernel (cpu_attention.py)
+    if name in ("sdpa", "cpu"):
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            is_causal=True)
         return y.transpose(1, 2)
@@ -271,7 +276,7 @@ class GPT(nn.Module):
         cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, None)
         self.register_buffer("rope_cos", cos, persistent=False)  # rebuilt from cfg, never checkpointed
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.backend = ("sdpa", None)  # set_device_backend picks FlashAttention once the model is on a GPU
+        self.backend = ("sdpa", None)  # set_device_backend picks the device's kernel (train.py, runs.load_run_model)
         self.init_weights()
 
     @torch.no_grad()
@@ -304,7 +309,7 @@ class GPT(nn.Module):
             self.hc_beta.fill_(1.0)
 
     def set_device_backend(self, device):
-        """Choose FlashAttention or SDPA for the device the model lives on; returns the name."""
+        """Choose the attention kernel for the device the model lives on (attention_backend); returns its name."""
         self.backend = attention_backend(device)
         return self.backend[0]
 
@@ -400,9 +405,8 @@ class GPT(nn.Module):
         cfg = self.cfg
         r = cfg.r if r is None else r
         r_bwd = cfg.r_bwd if r == cfg.r else r
-        T = idx.size(1)
-        if T > self.rope_cos.size(0):
-            raise ValueError(f"sequence of {T} tokens is longer than seq_len={self.rope_cos.size(0)}")
+        if idx.size(1) > self.rope_cos.size(0):
+            raise ValueError(f"sequence of {idx.size(1)} tokens is longer than seq_len={self.rope_cos.size(0)}")
         h = self.final_hidden(idx, r, r_bwd, (self.rope_cos, self.rope_sin))
         if targets is not None and h.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
             # fp32 on CPU (the CPU grids): the fused loss. On GPU torch.compile fuses the formula below.
@@ -429,14 +433,10 @@ class GPT(nn.Module):
         logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)  # soft-cap in fp32
         return logits[..., : self.cfg.vocab_size]  # the padding rows never win a softmax
 
-    def compute_logits(self, idx, r, r_bwd, rope, cache=None):
-        """fp32 soft-capped logits (B, T, vocab) of idx at r loops; `cache` (a KVCache) when sampling."""
-        return self.softcapped_logits(self.final_hidden(idx, r, r_bwd, rope, cache))
-
     def cached_forward(self, idx, cache):
-        """Logits (B, T, vocab) of T new columns appended to `cache`: the prompts (prefill), then 1 (decode)."""
+        """Logits (B, T, vocab) of T new columns appended to `cache` (prefill, then decode), at the cache's r."""
         rope = cache.begin(idx.size(1))
-        return self.compute_logits(idx, cache.r, cache.r, rope, cache)  # the cache's r: its slots fit
+        return self.softcapped_logits(self.final_hidden(idx, cache.r, cache.r, rope, cache))
 
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=None, generator=None, stop_id=None,
@@ -470,7 +470,8 @@ class GPT(nn.Module):
                 logits = self.cached_forward(step_ids, cache)[:, -1]
             else:
                 contexts = [torch.tensor([row + out], device=device) for row, out in zip(rows, new)]
-                logits = torch.cat([self.compute_logits(ids, r, r, rope)[:, -1] for ids in contexts])
+                hidden = [self.final_hidden(ids, r, r, rope) for ids in contexts]
+                logits = torch.cat([self.softcapped_logits(h)[:, -1] for h in hidden])
             next_ids = sample_next(logits, temperature, top_k, generator)
             for i, token in enumerate(next_ids.tolist()):
                 if not done[i]:  # a finished row still rides along in the batch; its tokens are dropped

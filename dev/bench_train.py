@@ -17,6 +17,7 @@ weights and batch, so their first losses must agree to fp32 rounding.
     python dev/bench_train.py                                   # d = 8, 16, 24, 32, 48 x r = 1, 2, 4, 8
     python dev/bench_train.py --widths 8 24 --r 4 --rounds 2    # a few shapes
     python dev/bench_train.py --tiny                            # one small shape, one round (a smoke test)
+    python dev/bench_train.py --attention                       # one layer's attention: SDPA against ours
 """
 import argparse
 import json
@@ -51,6 +52,7 @@ def worker(args):
     cfg = flops.ModelConfig(r=args.r, scale=args.width / 64, head_dim=8, vocab_size=2048, seq_len=128)
     torch.manual_seed(0)
     model = model_module.GPT(cfg)
+    model.set_device_backend("cpu")  # as train.py does: old gets SDPA, new and compiled cpu_attention's kernel
     lrs = learning_rates(cfg.d_model, 2048, 500 * 2048, 5e5, ref_width=32, ref_batch=2048)
     optimizers = [opt for opt in build_optimizers(model.param_groups(), lrs, compute_dtype=torch.float32) if opt]
     step_model, compile_s = model, None
@@ -126,6 +128,39 @@ def print_shape(width, r, results, ratios):
           f"{ms['old'] / ms['compiled']:>13.2f}x{compile_s[0]:>7.1f}/{compile_s[-1]:<5.1f}{gaps:>31}", flush=True)
 
 
+def compare_attention(args):
+    """One layer's attention, forward + backward, at each width's heads (d / 8 heads of dim 8, 16 rows of 128):
+    PyTorch's flash kernel (SDPA) against cpu_attention.py's, in this process (common.keep_freed_memory, as
+    train.py), taking turns every repeat."""
+    sys.path.insert(0, str(REPO))
+    import torch
+
+    import common
+    import cpu_attention
+    from model import causal_attention
+    common.keep_freed_memory()  # as train.py on CPU, for both kernels
+    torch.set_num_threads(1)
+    if not cpu_attention.available():
+        sys.exit("bench_train.py: cpu_attention's kernel did not build here (no C compiler?), nothing to compare")
+    arms = {"sdpa": ("sdpa", None), "kernel": ("cpu", cpu_attention.causal_attention)}
+    print("one layer's causal attention, forward + backward, 16 x 128 tokens, head dim 8, fp32, 1 thread; "
+          f"median of {args.steps * args.rounds} repeats per kernel")
+    print(f"{'d':>4}{'heads':>7}{'sdpa ms':>10}{'kernel ms':>11}{'sdpa/kernel':>13}")
+    for width in args.widths:
+        q, k, v = [torch.randn(16, 128, width // 8, 8, requires_grad=True) for _ in range(3)]
+        grad_out = torch.randn(16, 128, width // 8, 8)
+        seconds = {arm: [] for arm in arms}
+        for repeat in range(args.steps * args.rounds + 1):
+            for arm, backend in arms.items():
+                t0 = time.perf_counter()
+                torch.autograd.grad(causal_attention(q, k, v, backend), (q, k, v), grad_out)
+                if repeat > 0:  # the first repeat builds and warms up
+                    seconds[arm].append(time.perf_counter() - t0)
+        ms = {arm: 1000 * statistics.median(seconds[arm]) for arm in arms}
+        print(f"{width:>4}{width // 8:>7}{ms['sdpa']:>10.2f}{ms['kernel']:>11.2f}{ms['sdpa'] / ms['kernel']:>12.2f}x",
+              flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--widths", type=int, nargs="+", default=[8, 16, 24, 32, 48], help="model widths d (head dim 8)")
@@ -134,6 +169,8 @@ def main():
     p.add_argument("--rounds", type=int, default=2, help="workers per arm and shape, alternating old/new")
     p.add_argument("--old-rev", default=OLD_REV, help="the git revision whose model.py is 'old'")
     p.add_argument("--tiny", action="store_true", help="d = 8, r = 2, 2 steps, 1 round: checks that it runs")
+    p.add_argument("--attention", action="store_true",
+                   help="time only one layer's attention at each width, SDPA against cpu_attention.py's kernel")
     p.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
     p.add_argument("--width", type=int, help=argparse.SUPPRESS)
     p.add_argument("--model-file", help=argparse.SUPPRESS)
@@ -144,6 +181,9 @@ def main():
         return
     if args.tiny:
         args.widths, args.r, args.steps, args.rounds = [8], [2], 2, 1
+    if args.attention:
+        compare_attention(args)
+        return
     compare(args)
 
 

@@ -44,11 +44,12 @@ def test_no_file_imports_another_files_private_names(name):
 
 def test_the_model_layer_does_not_import_the_data_or_fitting_layers():
     """flops.py is pure Python (the fits and the sweep count with it; its --plan hands the process over to
-    sweep_state.py, which reads the data); model.py needs torch, flops.py, muonh.py's group names and its loss."""
+    sweep_state.py, which reads the data); model.py needs torch, flops.py, muonh.py's group names, its loss and
+    its CPU attention kernel."""
     assert {module for module, _ in imported_names(ROOT / "flops.py")} <= {"argparse", "json", "os", "sys", "pathlib",
                                                                               "dataclasses", "common"}
     model_imports = {module for module, _ in imported_names(ROOT / "model.py")}
-    assert model_imports & set(MODULES) <= {"flops", "muonh", "fused_loss"}
+    assert model_imports & set(MODULES) <= {"flops", "muonh", "fused_loss", "cpu_attention"}
 
 
 @pytest.mark.parametrize("script", DEV_SCRIPTS, ids=[path.name for path in DEV_SCRIPTS])

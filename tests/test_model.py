@@ -377,7 +377,7 @@ def test_random_state_init_ablation():
 
 
 def test_attention_backend_follows_device_and_installed_kernels(monkeypatch):
-    """CPU -> SDPA; a Hopper GPU -> FA3 if its module imports, else FA2, else SDPA; other GPUs never
+    """CPU -> cpu_attention's kernel; a Hopper GPU -> FA3 if its module imports, else FA2, else SDPA; other GPUs never
     FA3. The GPU and the flash modules are faked, so every branch runs on CPU."""
     fa3, fa2 = types.ModuleType("flash_attn_interface"), types.ModuleType("flash_attn")
     fa3.flash_attn_func, fa2.flash_attn_func = (lambda *a, **k: "fa3"), (lambda *a, **k: "fa2")
@@ -389,7 +389,7 @@ def test_attention_backend_follows_device_and_installed_kernels(monkeypatch):
             monkeypatch.setitem(sys.modules, module.__name__, module if module in installed else None)
         name, fn = attention_backend("cuda")
         assert name == expected and (fn is None if name == "sdpa" else fn() == name)
-        assert attention_backend("cpu") == ("sdpa", None)
+        assert attention_backend("cpu")[0] == "cpu"  # cpu_attention.py's kernel (tests below)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -466,6 +466,59 @@ def test_sdpa_attention_is_causal_softmax_attention():
     scores = scores.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
     expected = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v)
     assert torch.allclose(causal_attention(q, k, v, ("sdpa", None)), expected, atol=1e-6)
+
+
+def cpu_kernel_and_sdpa(B, T, H, D, seed=0):
+    """(output, grads) of cpu_attention's kernel and of SDPA, through model.causal_attention, on the same
+    (B, T, H, D) inputs and output grad; the CPU backend must call the kernel, once."""
+    torch.manual_seed(seed)
+    q, k, v = [(2 * torch.randn(B, T, H, D)).requires_grad_() for _ in range(3)]  # x2: a peakier softmax
+    grad_out = torch.randn(B, T, H, D)
+    name, kernel = attention_backend("cpu")
+    calls = []
+    results = []
+    for backend in ((name, lambda *qkv: calls.append(1) or kernel(*qkv)), ("sdpa", None)):
+        out = causal_attention(q, k, v, backend)
+        grads = torch.autograd.grad(out, (q, k, v), grad_out)
+        results.append((out, grads))
+    assert name == "cpu" and len(calls) == 1
+    return results
+
+
+@pytest.mark.parametrize("B, T, H, D", [(1, 1, 2, 8), (2, 5, 3, 4), (2, 16, 1, 8), (2, 128, 6, 8), (3, 67, 2, 16),
+                                        (1, 40, 1, 64)])
+def test_cpu_kernel_is_sdpa_causal_attention_forward_and_backward(B, T, H, D):
+    """cpu_attention.py's C kernel (the CPU training step's attention) computes SDPA's causal attention and its
+    gradients to fp32 rounding: head dims 4-64, T from one query to below, at and off its 16-query tiles."""
+    (out, grads), (sdpa_out, sdpa_grads) = cpu_kernel_and_sdpa(B, T, H, D)
+    torch.testing.assert_close(out, sdpa_out, rtol=1e-5, atol=2e-5)
+    for grad, sdpa_grad in zip(grads, sdpa_grads):
+        torch.testing.assert_close(grad, sdpa_grad, rtol=1e-5, atol=1e-4)
+
+
+def test_cpu_kernel_result_does_not_depend_on_the_thread_count():
+    """The (batch, head) pairs are split over torch's threads; each pair is computed alone, so 1 and 3
+    threads give the same bits (a run's losses do not depend on how many cores it had)."""
+    threads = torch.get_num_threads()
+    results = []
+    for count in (1, 3):
+        torch.set_num_threads(count)
+        results.append(cpu_kernel_and_sdpa(2, 33, 3, 8)[0])
+    torch.set_num_threads(threads)
+    (out_1, grads_1), (out_3, grads_3) = results
+    assert torch.equal(out_1, out_3) and all(torch.equal(a, b) for a, b in zip(grads_1, grads_3))
+
+
+def test_without_a_c_compiler_cpu_attention_falls_back_to_sdpa(tmp_path, monkeypatch, capsys):
+    """No C compiler (CC fails, an empty kernel cache): one line on stderr, and the CPU backend is SDPA."""
+    import cpu_attention
+    monkeypatch.setattr(cpu_attention, "_library", None)  # not built yet in this process
+    monkeypatch.setenv("NANOLOOP_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "false")
+    assert attention_backend("cpu") == ("sdpa", None)
+    err = capsys.readouterr().err
+    assert err.startswith("cpu_attention: cannot build the C kernel") and err.count("\n") == 1
+    assert attention_backend("cpu") == ("sdpa", None) and capsys.readouterr().err == ""  # said once
 
 
 def test_fp32_forward_is_unchanged_by_the_gpu_dtype_rules():

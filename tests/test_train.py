@@ -455,6 +455,7 @@ def test_compile_on_cpu_compiles_each_block_to_the_eager_loss_and_gradients(caps
                             injection="gated")
     torch.manual_seed(0)
     model = GPT(cfg)
+    assert model.set_device_backend("cpu") == "cpu"  # as train.py: cpu_attention's kernel, compiled around
     keys = list(model.state_dict())
     x = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1))
     y = torch.roll(x, -1, dims=1)
