@@ -242,7 +242,7 @@ def cpu_name():
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return platform.processor()
-    return "".join(line for line in lines if line.startswith(("model name", "flags")))[:4000]
+    return "".join(sorted({line for line in lines if line.startswith(("model name", "flags"))}))
 
 
 def load_library():
@@ -278,6 +278,7 @@ def build(path):
 
 
 def available():
+    """Whether the kernel is built and loaded here (building it on the first call)."""
     return load_library() is not None
 
 
@@ -298,6 +299,8 @@ def over_pairs(kernel, tensors, B, T, H, D):
 @torch.library.custom_op("nanoloop::causal_attention_forward", mutates_args=())
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): out (B, T, H, D), lse (B, H, T) the log-sum-exp of each query's scaled scores."""
+    if not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.shape == q.shape for t in (q, k, v)):
+        raise ValueError("cpu_attention: q, k and v must be fp32 CPU tensors of one (B, T, H, D) shape")
     B, T, H, D = q.shape
     out = torch.empty_like(q)
     lse = torch.empty(B, H, T, dtype=torch.float32)

@@ -15,6 +15,7 @@ plain ones (<grid>/fit/layout_anchored.jsonl, written by --layout-anchored), and
 """
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -196,6 +197,26 @@ def step_table():
     return lines
 
 
+def kernel_table():
+    """The CPU attention kernel's semantics check: the same committed cpu-micro runs retrained on one machine
+    with cpu_attention.py's kernel (cpu-micro-kernel/results.jsonl) and with PyTorch's SDPA (sdpa.jsonl, the
+    kernel's build refused), each against the committed rows and against each other, beside the old step's
+    retrain (cpu-micro-eval) on the same runs: |delta val loss|."""
+    committed = {row["run_id"]: row["val_loss"] for row in load_rows("cpu-micro")}
+    kernel = {row["run_id"]: row["val_loss"] for row in load(RESULTS / "cpu-micro-kernel" / "results.jsonl")}
+    sdpa = {row["run_id"]: row["val_loss"] for row in load(RESULTS / "cpu-micro-kernel" / "sdpa.jsonl")}
+    old_step = {row["run_id"]: row["val_loss"] for row in load(EVAL / "results.jsonl")}
+    run_ids = sorted(set(kernel) & set(sdpa) & set(committed) & set(old_step))
+    pairs = (("kernel vs committed", kernel, committed), ("SDPA vs committed", sdpa, committed),
+             ("kernel vs SDPA", kernel, sdpa), ("old step (before the fused loss) vs committed", old_step, committed))
+    lines = ["| retrain | runs | mean abs. Δ | median | max |", "|---|---|---|---|---|"]
+    for label, losses, reference in pairs:
+        deltas = sorted(abs(losses[run_id] - reference[run_id]) for run_id in run_ids)
+        lines.append(f"| {label} | {len(deltas)} | {sum(deltas) / len(deltas):.3f} | "
+                     f"{statistics.median(deltas):.3f} | {deltas[-1]:.3f} |")
+    return lines
+
+
 def loss_tables():
     rows = [row for grid, _, _ in GRIDS for row in load_rows(grid)]
     seen, unique = set(), []
@@ -242,6 +263,9 @@ def main():
     if (RESULTS / "cpu-micro-newstep" / "results.jsonl").exists():
         print("\nthe faster step's semantics: retrained runs against the committed rows (val loss)\n" +
               "\n".join(step_table()))
+    if (RESULTS / "cpu-micro-kernel" / "sdpa.jsonl").exists():
+        print("\nthe CPU attention kernel's semantics: the same runs retrained with it and with SDPA (val loss)\n" +
+              "\n".join(kernel_table()))
     if (EVAL / "seeds.jsonl").exists():
         print("\nseed spread at 5e12 (nats/token, mean ± half-range)\n" + "\n".join(seed_table()))
 

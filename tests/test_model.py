@@ -509,6 +509,19 @@ def test_cpu_kernel_result_does_not_depend_on_the_thread_count():
     assert torch.equal(out_1, out_3) and all(torch.equal(a, b) for a, b in zip(grads_1, grads_3))
 
 
+def test_cpu_kernel_refuses_what_it_cannot_read():
+    """The kernel reads raw fp32 memory, so any other dtype is refused, never reinterpreted; model.py sends
+    bf16 (CPU autocast) to SDPA instead."""
+    import cpu_attention
+    q = torch.randn(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="fp32 CPU tensors"):
+        cpu_attention.causal_attention(q.bfloat16(), q.bfloat16(), q.bfloat16())
+    with pytest.raises(ValueError, match="one \\(B, T, H, D\\) shape"):
+        cpu_attention.causal_attention(q, q[:, :2], q)
+    expected = causal_attention(q.bfloat16(), q.bfloat16(), q.bfloat16(), ("sdpa", None))
+    assert torch.equal(causal_attention(q.bfloat16(), q.bfloat16(), q.bfloat16(), attention_backend("cpu")), expected)
+
+
 def test_without_a_c_compiler_cpu_attention_falls_back_to_sdpa(tmp_path, monkeypatch, capsys):
     """No C compiler (CC fails, an empty kernel cache): one line on stderr, and the CPU backend is SDPA."""
     import cpu_attention

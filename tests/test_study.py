@@ -124,7 +124,8 @@ EXPECTED_RESULTS = {"cpu-micro/results.jsonl": 56, "cpu-micro-layout/results.jso
                     "cpu-micro-eval/results.jsonl": 56, "cpu-micro-eval/seeds.jsonl": 4,
                     "cpu-micro-eval-core/results.jsonl": 56,
                     "cpu-micro-gated/results.jsonl": 56, "cpu-micro-gated-quick/results.jsonl": 14,
-                    "cpu-micro-newstep/results.jsonl": 26}
+                    "cpu-micro-newstep/results.jsonl": 26, "cpu-micro-kernel/results.jsonl": 24,
+                    "cpu-micro-kernel/sdpa.jsonl": 24, "cpu-micro-kernel/fragile.jsonl": 4}
 
 
 def read_jsonl(path):
@@ -144,7 +145,7 @@ def test_every_expected_result_set_is_committed_whole():
     for name, n_rows in EXPECTED_RESULTS.items():
         assert len(read_jsonl(RESULTS / name)) == n_rows, name
     assert {RESULTS / name for name in EXPECTED_RESULTS} <= set(COMMITTED_ROWS)
-    assert sum(EXPECTED_RESULTS.values()) == 650
+    assert sum(EXPECTED_RESULTS.values()) == 702
 
 
 @pytest.mark.parametrize("path", COMMITTED_ROWS, ids=[str(p.relative_to(RESULTS)) for p in COMMITTED_ROWS])
