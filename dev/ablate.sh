@@ -14,7 +14,7 @@
 # bootstrap, from 100 random starts: one looped r at two budgets does not identify phi, so its answer is the
 # paired table.
 # Its runs train with --compile (not part of a run's identity): on CPU it compiles each block, a few seconds a
-# run once inductor's cache holds a width, for 1.2-1.8x today's eager step (dev/bench_train.py).
+# run once inductor's cache holds a width, for 1.1-1.6x the eager step (dev/bench_train.py).
 # Environment: CPU_JOBS (default 2), PYTHON, OUT, COMPILE (default 1; 0 trains eagerly).
 set -euo pipefail
 cd "$(dirname "$0")/.."
