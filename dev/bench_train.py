@@ -4,9 +4,11 @@ train.py's loop (forward, backward, MuonH + AdamW, zero_grad) on 2,048 tokens (1
 2,048, head dim 8, fp32, one thread, as `sweep.sh --grid cpu-micro` runs it), for every width d and loop
 count r asked for.
 
-"old" is model.py as it was at --old-rev (read from git) under glibc's default allocator; "new" is this
-checkout's model.py with common.keep_freed_memory(), what train.py does on CPU; "compiled" is "new" after
-runs.compile_or_eager, what train.py --compile does on CPU (each block compiled; dev/ablate.sh's runs).
+"old" is model.py as it was at --old-rev (read from git) under glibc's default allocator, with PyTorch's
+attention; "new" is this checkout's model.py with common.keep_freed_memory() and the attention train.py picks
+on CPU (cpu_attention.py's kernel, where it builds); "compiled" is "new" after runs.compile_or_eager, what
+train.py --compile does on CPU (each block compiled; dev/ablate.sh's runs). --attention times only the
+attention, one layer, both kernels in one process.
 The allocator is a process-wide setting, so each arm runs in worker processes of its own; the arms take
 turns per shape and round (old, new, compiled, then compiled, new, old, ...), so that drift on a shared
 machine hits all alike. Each worker times --steps steps after one warm-up step; a shape's time is the
@@ -168,7 +170,8 @@ def main():
     p.add_argument("--steps", type=int, default=6, help="timed steps per worker (after one warm-up step)")
     p.add_argument("--rounds", type=int, default=2, help="workers per arm and shape, alternating old/new")
     p.add_argument("--old-rev", default=OLD_REV, help="the git revision whose model.py is 'old'")
-    p.add_argument("--tiny", action="store_true", help="d = 8, r = 2, 2 steps, 1 round: checks that it runs")
+    p.add_argument("--tiny", action="store_true",
+                   help="d = 8, r = 2, 2 steps, 1 round, then --attention at d = 8: checks that both run")
     p.add_argument("--attention", action="store_true",
                    help="time only one layer's attention at each width, SDPA against cpu_attention.py's kernel")
     p.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
@@ -185,6 +188,8 @@ def main():
         compare_attention(args)
         return
     compare(args)
+    if args.tiny:  # the smoke test runs --attention's path too
+        compare_attention(args)
 
 
 if __name__ == "__main__":
