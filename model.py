@@ -64,16 +64,16 @@ def attention_backend(device):
 
 def causal_attention(q, k, v, backend):
     """q, k, v: (B, T, H, D). Standard 1/sqrt(D) scale, causal mask."""
-    name, flash_fn = backend
+    name, kernel = backend
     if name == "cpu" and v.dtype == torch.float32:
-        return flash_fn(q, k, v)  # the CPU grids' head dim 8: 2-3x PyTorch's flash kernel (cpu_attention.py)
+        return kernel(q, k, v)  # ~2x PyTorch's CPU kernel at head dim 8 (cpu_attention.py; bf16 takes SDPA)
     if name in ("sdpa", "cpu"):
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            is_causal=True)
         return y.transpose(1, 2)
     # FlashAttention wants half precision; QK-norm may have produced fp32 under autocast.
     dtype = v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-    y = flash_fn(q.to(dtype), k.to(dtype), v.to(dtype), causal=True)
+    y = kernel(q.to(dtype), k.to(dtype), v.to(dtype), causal=True)
     y = y[0] if isinstance(y, tuple) else y  # some FA3 versions also return the softmax LSE
     return y.to(v.dtype)
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # install_test_deps.sh — the Debian packages the SLURM tests need (tests/test_slurm.py starts a one-node
 # cluster from them): slurm-wlm (slurmctld, slurmd, sbatch, squeue, scontrol) and munge (its auth daemon);
-# and g++, which inductor compiles with (train.py --compile on CPU, tests/test_train.py's compile test).
+# and g++ (with gcc), which inductor compiles with (train.py --compile on CPU, tests/test_train.py's compile test)
+# and cpu_attention.py builds its C kernel with (every CPU run's attention, tests/test_model.py).
 # Idempotent: installs only what is missing, prints one line either way. Needs root and apt-get.
 set -euo pipefail
 
