@@ -23,6 +23,7 @@ compiler, available() is False (one line on stderr) and model.py keeps PyTorch's
     y = causal_attention(q, k, v)   # (B, T, H, D) fp32 CPU tensors in, (B, T, H, D) out
 """
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -282,18 +283,27 @@ def available():
     return load_library() is not None
 
 
+@functools.cache
+def helper_threads(count):
+    """A pool of count threads, made once per count and kept: starting threads on every call cost ~0.5 ms,
+    as much as the kernel itself at d = 8."""
+    return ThreadPoolExecutor(count, thread_name_prefix="cpu_attention")
+
+
 def over_pairs(kernel, tensors, B, T, H, D):
     """Call kernel on all B*H (batch, head) pairs, split into torch.get_num_threads() contiguous ranges that run
-    in parallel (each pair is independent, so the result does not depend on the split)."""
+    in parallel, the last on this thread (each pair is independent, so the result does not depend on the split)."""
     pointers = [ctypes.c_void_p(t.data_ptr()) for t in tensors]
     pairs = B * H
     threads = max(1, min(torch.get_num_threads(), pairs))
     bounds = [pairs * n // threads for n in range(threads + 1)]
-    if threads == 1:
-        kernel(*pointers, T, H, D, 0, pairs)
-        return
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda n: kernel(*pointers, T, H, D, bounds[n], bounds[n + 1]), range(threads)))
+    others = []
+    if threads > 1:
+        pool = helper_threads(threads - 1)
+        others = [pool.submit(kernel, *pointers, T, H, D, bounds[n], bounds[n + 1]) for n in range(threads - 1)]
+    kernel(*pointers, T, H, D, bounds[-2], bounds[-1])
+    for other in others:
+        other.result()
 
 
 @torch.library.custom_op("nanoloop::causal_attention_forward", mutates_args=())

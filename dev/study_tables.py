@@ -15,7 +15,6 @@ plain ones (<grid>/fit/layout_anchored.jsonl, written by --layout-anchored), and
 """
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -167,7 +166,7 @@ def seed_table():
 def retrain_table():
     """The retrained grid (dev/eval_micro.sh's results.jsonl: the same run identities, trained again with
     checkpoints kept) against the committed cpu-micro rows: |delta val loss| per r, by run_id."""
-    committed = {row["run_id"]: row["val_loss"] for row in load_rows("cpu-micro")}
+    committed = val_losses(load_rows("cpu-micro"))
     deltas = {}
     for row in load(EVAL / "results.jsonl"):
         if row["run_id"] in committed:
@@ -181,19 +180,30 @@ def retrain_table():
     return lines
 
 
+def val_losses(rows):
+    """{run_id: validation loss} of results rows."""
+    return {row["run_id"]: row["val_loss"] for row in rows}
+
+
+def abs_delta_row(label, losses, reference, run_ids):
+    """One markdown row: |losses - reference| over run_ids, as count, mean, median (the upper one, as
+    retrain_table's) and max, nats/token."""
+    deltas = sorted(abs(losses[run_id] - reference[run_id]) for run_id in run_ids)
+    return (f"| {label} | {len(deltas)} | {sum(deltas) / len(deltas):.3f} | {deltas[len(deltas) // 2]:.3f} | "
+            f"{deltas[-1]:.3f} |")
+
+
 def step_table():
     """The faster CPU step's semantics check: runs retrained here with the new step (cpu-micro-newstep) and
     with the old one (cpu-micro-eval's retrain, model.py of before the fused loss), each against the committed
     cpu-micro rows, on the run_ids both retrains hold: |delta val loss|, nats/token."""
-    committed = {row["run_id"]: row["val_loss"] for row in load_rows("cpu-micro")}
-    new_step = {row["run_id"]: row["val_loss"] for row in load(RESULTS / "cpu-micro-newstep" / "results.jsonl")}
-    old_step = {row["run_id"]: row["val_loss"] for row in load(EVAL / "results.jsonl")}
+    committed = val_losses(load_rows("cpu-micro"))
+    new_step = val_losses(load(RESULTS / "cpu-micro-newstep" / "results.jsonl"))
+    old_step = val_losses(load(EVAL / "results.jsonl"))
     run_ids = sorted(set(new_step) & set(old_step) & set(committed))
     lines = ["| step | runs | mean abs. Δ vs committed | median | max |", "|---|---|---|---|---|"]
     for label, losses in (("old (before the fused loss)", old_step), ("new (this repository)", new_step)):
-        deltas = sorted(abs(losses[run_id] - committed[run_id]) for run_id in run_ids)
-        lines.append(f"| {label} | {len(deltas)} | {sum(deltas) / len(deltas):.3f} | "
-                     f"{deltas[len(deltas) // 2]:.3f} | {deltas[-1]:.3f} |")
+        lines.append(abs_delta_row(label, losses, committed, run_ids))
     return lines
 
 
@@ -202,18 +212,16 @@ def kernel_table():
     with cpu_attention.py's kernel (cpu-micro-kernel/results.jsonl) and with PyTorch's SDPA (sdpa.jsonl, the
     kernel's build refused), each against the committed rows and against each other, beside the old step's
     retrain (cpu-micro-eval) on the same runs: |delta val loss|."""
-    committed = {row["run_id"]: row["val_loss"] for row in load_rows("cpu-micro")}
-    kernel = {row["run_id"]: row["val_loss"] for row in load(RESULTS / "cpu-micro-kernel" / "results.jsonl")}
-    sdpa = {row["run_id"]: row["val_loss"] for row in load(RESULTS / "cpu-micro-kernel" / "sdpa.jsonl")}
-    old_step = {row["run_id"]: row["val_loss"] for row in load(EVAL / "results.jsonl")}
+    committed = val_losses(load_rows("cpu-micro"))
+    kernel = val_losses(load(RESULTS / "cpu-micro-kernel" / "results.jsonl"))
+    sdpa = val_losses(load(RESULTS / "cpu-micro-kernel" / "sdpa.jsonl"))
+    old_step = val_losses(load(EVAL / "results.jsonl"))
     run_ids = sorted(set(kernel) & set(sdpa) & set(committed) & set(old_step))
     pairs = (("kernel vs committed", kernel, committed), ("SDPA vs committed", sdpa, committed),
              ("kernel vs SDPA", kernel, sdpa), ("old step (before the fused loss) vs committed", old_step, committed))
     lines = ["| retrain | runs | mean abs. Δ | median | max |", "|---|---|---|---|---|"]
     for label, losses, reference in pairs:
-        deltas = sorted(abs(losses[run_id] - reference[run_id]) for run_id in run_ids)
-        lines.append(f"| {label} | {len(deltas)} | {sum(deltas) / len(deltas):.3f} | "
-                     f"{statistics.median(deltas):.3f} | {deltas[-1]:.3f} |")
+        lines.append(abs_delta_row(label, losses, reference, run_ids))
     return lines
 
 
