@@ -36,6 +36,7 @@ import tracking
 from common import (DataError, append_row, check_writable, count, finite_float, positive_int, positive_int_list,
                     read_rows, row_key)
 from dataloader import load_tokenizer
+from engine import sample_texts
 from eval_tasks import (CATEGORIES, CORE_URL, SCORINGS, category_losses, load_bundle, prepare_bundle, read_categories,
                         render, select_items, shot_indices)
 from runs import autocast_for, find_runs, load_run_model
@@ -385,7 +386,7 @@ def sample_run(args, run, device):
     tokenizer = load_tokenizer(run["data_dir"])
     try:
         with autocast_for(run, device):
-            texts = model.sample_texts(tokenizer, [args.prompt] * args.samples, args.max_new_tokens,
+            texts = sample_texts(model, tokenizer, [args.prompt] * args.samples, args.max_new_tokens,
                                        args.temperature, args.top_k, args.seed)
     except ValueError as e:  # generate refuses a prompt longer than the model's context
         raise DataError(f"--prompt: {e}") from None

@@ -35,6 +35,7 @@ import flops
 import tracking
 from common import DataError, append_row, atomic_write
 from dataloader import RowLoader, load_tokenizer, read_meta
+from engine import sample_texts
 from model import GPT
 from muonh import build_optimizers, lr_multiplier
 from runs import (compile_or_eager, eager_blocks, finished_row, load_run_model, open_outputs, plan_run,
@@ -433,7 +434,7 @@ def finish(run):
 def print_samples(model, tokenizer, args, autocast):
     """--sample continuations of --prompt (temperature 0.8, top-k 50), seeded by --seed: a rerun prints the same."""
     with autocast:
-        texts = model.sample_texts(tokenizer, [args.prompt] * args.sample, args.sample_tokens, 0.8, 50, args.seed)
+        texts = sample_texts(model, tokenizer, [args.prompt] * args.sample, args.sample_tokens, 0.8, 50, args.seed)
     for text in texts:
         print(f"--- {text!r}")
 

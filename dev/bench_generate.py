@@ -33,7 +33,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from flops import ModelConfig  # noqa: E402
-from model import GPT, KVCache  # noqa: E402
+from engine import KVCache, cached_forward, generate  # noqa: E402
+from model import GPT  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -66,10 +67,10 @@ def timed(fn):
 def cached_phases(model, prompt, n):
     """(prefill s, decode s for n greedy tokens): generate()'s cached loop, phase by phase."""
     cache = KVCache(model.cfg, model.cfg.r, [len(prompt)], len(prompt) + n)
-    prefill_s, logits = timed(lambda: model.cached_forward(torch.tensor([prompt]), cache)[:, -1])
+    prefill_s, logits = timed(lambda: cached_forward(model, torch.tensor([prompt]), cache)[:, -1])
     t0 = time.perf_counter()
     for _ in range(n):
-        logits = model.cached_forward(logits.argmax(-1, keepdim=True), cache)[:, -1]
+        logits = cached_forward(model, logits.argmax(-1, keepdim=True), cache)[:, -1]
     return prefill_s, time.perf_counter() - t0
 
 
@@ -84,8 +85,8 @@ def measure_speed(args):
     prompts = {c: torch.randint(0, args.vocab, (c,), generator=torch.Generator().manual_seed(c)).tolist()
                for c in args.contexts}
     for model in models.values():  # warm-up: first calls allocate and pick kernels
-        model.generate([prompts[min(args.contexts)]], 4, temperature=0)
-        model.generate([prompts[min(args.contexts)]], 2, temperature=0, use_cache=False)
+        generate(model, [prompts[min(args.contexts)]], 4, temperature=0)
+        generate(model, [prompts[min(args.contexts)]], 2, temperature=0, use_cache=False)
     cells = [(c, r) for c in args.contexts for r in models]
     samples = {cell: {"prefill": [], "decode": [], "generate": [], "uncached": []} for cell in cells}
     for rep in range(args.repeats):
@@ -97,9 +98,9 @@ def measure_speed(args):
                     prefill_s, decode_s = cached_phases(model, prompts[c], args.new_tokens)
                 cell["prefill"].append(prefill_s)
                 cell["decode"].append(args.new_tokens / decode_s)
-                seconds, _ = timed(lambda: model.generate([prompts[c]], args.new_tokens, temperature=0))
+                seconds, _ = timed(lambda: generate(model, [prompts[c]], args.new_tokens, temperature=0))
                 cell["generate"].append(args.new_tokens / seconds)
-                seconds, _ = timed(lambda: model.generate([prompts[c]], n_uncached, temperature=0, use_cache=False))
+                seconds, _ = timed(lambda: generate(model, [prompts[c]], n_uncached, temperature=0, use_cache=False))
                 cell["uncached"].append(n_uncached / seconds)
         print(f"  round {rep + 1}/{args.repeats} done", flush=True)
     return models, {cell: {k: statistics.median(v) for k, v in d.items()} for cell, d in samples.items()}
@@ -125,7 +126,7 @@ def print_cache_bytes(models):
         for budget in sorted({r, *range(1, r)}, reverse=True):
             cache = KVCache(cfg, r, [8], 8, kv_budget=budget)
             with torch.no_grad():
-                model.cached_forward(torch.zeros(1, 8, dtype=torch.long), cache)
+                cached_forward(model, torch.zeros(1, 8, dtype=torch.long), cache)
             per_token = (cache.k.nbytes + cache.v.nbytes) / 8
             layers = cfg.prelude + budget * cfg.recur + cfg.coda
             expected = layers * 2 * cfg.d_model * cache.k.element_size()
@@ -140,8 +141,8 @@ def decode_loss(model, rows, n_prefill, kv_budget):
     x, y = rows[:, :-1], rows[:, 1:]
     cache = KVCache(model.cfg, model.cfg.r, [n_prefill] * x.size(0), x.size(1), kv_budget)
     with torch.no_grad():
-        model.cached_forward(x[:, :n_prefill], cache)
-        logits = torch.cat([model.cached_forward(x[:, t:t + 1], cache) for t in range(n_prefill, x.size(1))], dim=1)
+        cached_forward(model, x[:, :n_prefill], cache)
+        logits = torch.cat([cached_forward(model, x[:, t:t + 1], cache) for t in range(n_prefill, x.size(1))], dim=1)
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y[:, n_prefill:].reshape(-1)).item(), logits
 
 
@@ -152,7 +153,7 @@ def loop_key_drift(model, rows):
     cfg = model.cfg
     cache = KVCache(cfg, cfg.r, [rows.size(1)] * rows.size(0), rows.size(1))
     with torch.no_grad():
-        model.cached_forward(rows, cache)
+        cached_forward(model, rows, cache)
     keys = [cache.k[cfg.prelude + i * cfg.recur] for i in range(cfg.r)]
     return [((k - keys[-1]).norm() / keys[-1].norm()).item() for k in keys[:-1]]
 

@@ -30,6 +30,7 @@ import download
 import runs
 from eval_tasks import category_losses
 from flops import ModelConfig
+from engine import sample_texts
 from model import GPT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -923,7 +924,7 @@ def test_sample_texts_sends_token_lists_and_stops_at_bos(tokenizer):
 
     model = GPT(ModelConfig(**TINY))
     model.generate = generate
-    texts = model.sample_texts(tokenizer, ["Hello", "Hi there"], 12, 0.7, 5, 3)
+    texts = sample_texts(model, tokenizer, ["Hello", "Hi there"], 12, 0.7, 5, 3)
     assert texts == [" and more", " text"]
     prompts, n, kwargs = calls[0]
     assert prompts == [[tokenizer.bos_id] + tokenizer.encode("Hello"), [tokenizer.bos_id] + tokenizer.encode("Hi there")]

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from flops import INJECTIONS, ModelConfig
-from model import GPT, KVCache
+from engine import KVCache, cached_forward, generate
+from model import GPT
 
 VOCAB, SEQ_LEN = 64, 32
 # (injection, trained r, r_eval): r = 1 is the plain 20-layer stack; r = 4 at its own r, at fewer
@@ -35,8 +36,8 @@ def teacher_forced(model, idx, n_prompt, r=None, kv_budget=None):
     r = model.cfg.r if r is None else r
     cache = KVCache(model.cfg, r, [n_prompt] * idx.size(0), idx.size(1), kv_budget)
     with torch.no_grad():
-        steps = [model.cached_forward(idx[:, :n_prompt], cache)]
-        steps += [model.cached_forward(idx[:, t:t + 1], cache) for t in range(n_prompt, idx.size(1))]
+        steps = [cached_forward(model, idx[:, :n_prompt], cache)]
+        steps += [cached_forward(model, idx[:, t:t + 1], cache) for t in range(n_prompt, idx.size(1))]
     return torch.cat(steps, dim=1)
 
 
@@ -62,7 +63,7 @@ def test_cache_holds_one_entry_per_executed_layer_like_the_plain_model():
     for name, model, r in [("looped", looped, 4), ("plain", plain, 1), ("r_eval 8", looped, 8)]:
         caches[name] = KVCache(model.cfg, r, [10, 10], 12)
         with torch.no_grad():
-            model.cached_forward(torch.tensor([prompt(10, 2), prompt(10, 3)]), caches[name])
+            cached_forward(model, torch.tensor([prompt(10, 2), prompt(10, 3)]), caches[name])
         assert sorted(caches[name].slots) == list(range(caches[name].k.size(0)))  # one slot per executed layer
         assert (caches[name].k[:, :, :, :10].abs().sum(-1) > 0).all()  # ... and every one was written
     assert caches["looped"].k.shape == caches["plain"].k.shape == (20, 2, 2, 12, 8)
@@ -77,8 +78,8 @@ def test_greedy_samples_are_the_same_with_and_without_the_cache(injection, r_eva
     the model's seq_len (both extrapolate RoPE, neither crops) and at r_eval != r."""
     model = make(4, injection)
     prompts = [prompt(14, 4), prompt(3, 5)]
-    cached = model.generate(prompts, 24, temperature=0, r=r_eval)
-    uncached = model.generate(prompts, 24, temperature=0, r=r_eval, use_cache=False)
+    cached = generate(model, prompts, 24, temperature=0, r=r_eval)
+    uncached = generate(model, prompts, 24, temperature=0, r=r_eval, use_cache=False)
     assert cached == uncached and [len(row) for row in cached] == [24, 24]  # 14 + 24 > seq_len = 32
 
 
@@ -87,13 +88,13 @@ def test_each_row_of_a_ragged_batch_equals_its_unbatched_run():
     tokens do not depend on the other rows or on how much it was padded."""
     model = make(4, "hyper")
     prompts = [prompt(12, 6), prompt(1, 7), prompt(5, 8)]
-    batched = model.generate(prompts, 15, temperature=0)
-    assert batched == [model.generate([p], 15, temperature=0)[0] for p in prompts]
+    batched = generate(model, prompts, 15, temperature=0)
+    assert batched == [generate(model, [p], 15, temperature=0)[0] for p in prompts]
     padded = torch.tensor([[0] * (12 - len(p)) + p for p in prompts])
     cache = KVCache(model.cfg, 4, [len(p) for p in prompts], 13)
     with torch.no_grad():
-        logits = model.cached_forward(padded, cache)
-        step = model.cached_forward(torch.tensor([[3], [4], [5]]), cache)[:, 0]
+        logits = cached_forward(model, padded, cache)
+        step = cached_forward(model, torch.tensor([[3], [4], [5]]), cache)[:, 0]
         for i, p in enumerate(prompts):
             alone = model(torch.tensor([p + [3 + i]]))[0]
             assert (logits[i, 12 - len(p):] - alone[:-1]).abs().max() < 1e-5
@@ -109,7 +110,7 @@ def test_a_generator_seed_reproduces_its_samples_with_and_without_the_cache():
 
     def sample(seed, use_cache=True):
         generator = torch.Generator().manual_seed(seed)
-        return model.generate(prompts, 20, temperature=1.0, top_k=20, generator=generator, use_cache=use_cache)
+        return generate(model, prompts, 20, temperature=1.0, top_k=20, generator=generator, use_cache=use_cache)
 
     first = sample(100)
     assert first == sample(100) == sample(100, use_cache=False)
@@ -119,17 +120,17 @@ def test_a_generator_seed_reproduces_its_samples_with_and_without_the_cache():
 def test_top_k_1_is_greedy():
     model = make(4, "additive")
     prompts = [prompt(6, 12), prompt(9, 13)]
-    top_1 = model.generate(prompts, 20, temperature=0.7, top_k=1, generator=torch.Generator().manual_seed(0))
-    assert top_1 == model.generate(prompts, 20, temperature=0)
+    top_1 = generate(model, prompts, 20, temperature=0.7, top_k=1, generator=torch.Generator().manual_seed(0))
+    assert top_1 == generate(model, prompts, 20, temperature=0)
 
 
 def test_stop_token_ends_only_its_row():
     """A row ends right after emitting stop_id (kept as its last token); the other rows go on."""
     model = make(4, "passthrough")
     prompts = [prompt(4, 14), prompt(8, 15)]
-    free = model.generate(prompts, 25, temperature=0)
+    free = generate(model, prompts, 25, temperature=0)
     stop_id = next(t for t in free[0][2:] if t not in free[1])  # row 0 emits it, row 1 never does
-    stopped = model.generate(prompts, 25, temperature=0, stop_id=stop_id)
+    stopped = generate(model, prompts, 25, temperature=0, stop_id=stop_id)
     assert stopped[0] == free[0][: free[0].index(stop_id) + 1] and len(stopped[0]) < 25
     assert stopped[1] == free[1]
 
@@ -139,7 +140,7 @@ def test_a_prompt_longer_than_the_context_is_one_clear_error():
     message = "prompt of 40 tokens is longer than the model's context of 32 tokens: crop it"
     for use_cache in (True, False):
         with pytest.raises(ValueError, match=message):
-            model.generate([prompt(5, 16), prompt(40, 17)], 3, use_cache=use_cache)
+            generate(model, [prompt(5, 16), prompt(40, 17)], 3, use_cache=use_cache)
 
 
 def test_kv_budget_equal_to_r_is_exact_and_a_smaller_one_is_an_approximation():
@@ -160,9 +161,9 @@ def test_kv_budget_equal_to_r_is_exact_and_a_smaller_one_is_an_approximation():
         print(f"kv_budget {budget} of r = 4: max |logit - exact| {(approx - full).abs().max():.2e}, "
               f"decode loss {loss:.4f} vs exact {exact_loss:.4f} nats (random-init model)")
         assert math.isfinite(loss)
-    assert len(model.generate([prompt(5, 19)], 10, temperature=0, kv_budget=2)[0]) == 10
+    assert len(generate(model, [prompt(5, 19)], 10, temperature=0, kv_budget=2)[0]) == 10
     with pytest.raises(ValueError, match="kv_budget"):
-        model.generate([prompt(5, 19)], 2, kv_budget=5)
+        generate(model, [prompt(5, 19)], 2, kv_budget=5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -178,5 +179,5 @@ def test_cache_on_gpu_matches_the_forward_in_fp32_and_runs_under_bf16_autocast()
             full_bf16 = model(idx)
         cached_bf16 = teacher_forced(model, idx, 9)
         generator = torch.Generator("cuda").manual_seed(0)
-        rows = model.generate([prompt(9, 21), prompt(3, 22)], 12, temperature=0.8, top_k=10, generator=generator)
+        rows = generate(model, [prompt(9, 21), prompt(3, 22)], 12, temperature=0.8, top_k=10, generator=generator)
     assert (cached_bf16 - full_bf16).abs().max() < 0.1 and [len(row) for row in rows] == [12, 12]

@@ -12,6 +12,7 @@ from flops import INJECTIONS, ModelConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 from bench_model import activation_bytes  # noqa: E402 (dev/: the memory truncated BPTT saves, as measured there)
+from engine import generate  # noqa: E402
 from model import (GPT, apply_rope, attention_backend, causal_attention, embedding_dtype,  # noqa: E402
                    rope_tables)
 
@@ -577,8 +578,8 @@ def test_greedy_generation_takes_the_forwards_argmax_at_every_step():
     path is checked against the full forward in test_generate.py)."""
     model = make()
     prompt = tokens(n=1, T=5)[0].tolist()
-    out = model.generate([prompt], 20, temperature=0)
-    assert out == model.generate([prompt], 20, temperature=0) and len(out[0]) == 20
+    out = generate(model, [prompt], 20, temperature=0)
+    assert out == generate(model, [prompt], 20, temperature=0) and len(out[0]) == 20
     ids = list(prompt)
     with torch.no_grad():
         for token in out[0]:
