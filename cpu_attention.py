@@ -306,7 +306,12 @@ def over_pairs(kernel, tensors, B, T, H, D):
         other.result()
 
 
-@torch.library.custom_op("nanoloop::causal_attention_forward", mutates_args=())
+# The ops are named after this module: a second copy of it (an export_hf.py folder loaded in the same process) then
+# registers ops of its own, where one name registered twice would replace the op this module's code calls.
+OP_NAMESPACE = __name__.replace(".", "_")
+
+
+@torch.library.custom_op(f"{OP_NAMESPACE}::causal_attention_forward", mutates_args=())
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): out (B, T, H, D), lse (B, H, T) the log-sum-exp of each query's scaled scores."""
     if not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.shape == q.shape for t in (q, k, v)):
@@ -324,7 +329,7 @@ def _(q, k, v):
     return torch.empty_like(q), q.new_empty(B, H, T)
 
 
-@torch.library.custom_op("nanoloop::causal_attention_backward", mutates_args=())
+@torch.library.custom_op(f"{OP_NAMESPACE}::causal_attention_backward", mutates_args=())
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, dout: torch.Tensor,
                        lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, T, H, D = q.shape

@@ -31,19 +31,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # laws first: it sets OpenBLAS's thread count before numpy loads (the fits run one thread per process).
-from laws import (BOX_HI, BOX_LO, CONFIG_FIELDS, HUBER_DELTA, MARKER_OF_R, column, arch_key,
-                  arch_label, bootstrap_joint, budget_halves, budget_levels, by_arch, compare_phi, compute_frontier,
-                  equivalence, family_for_group, fit_chinchilla, fit_joint, law_loss, residuals_by_r)
-import numpy as np  # noqa: E402 (after laws, see above)
+from laws import (BOX_HI, BOX_LO, CONFIG_FIELDS, HUBER_DELTA, column, arch_key, arch_label, bootstrap_joint,
+                  budget_halves, budget_levels, by_arch, compare_phi, compute_frontier, equivalence, fit_chinchilla,
+                  fit_joint, frontier_points, residuals_by_r)
 
 import laws  # noqa: E402 (its file is part of a stored analysis' fingerprint)
+import truncate_law  # noqa: E402 (so is this one's)
 
 from common import DataError, check_writable, fail, finite_float, one_line_errors, positive_int
-from curves import grid_curves, plot_curves
 from eval_tasks import CATEGORIES, category_losses, read_categories
 from common import positive_int_list, read_rows
+from fit_plots import make_plots, make_truncate_plots
 
 PROG = "fit_laws.py"
+LAWS = ("iso-depth", "truncate-or-not")  # --law: the iso-depth joint law (laws.py), Truncate or Not?'s (truncate_law.py)
 SAME_RUN = CONFIG_FIELDS + ("flops_budget", "tokens", "seed", "lrs")  # one run, for rows without run_id
 FINISHED_FIELDS = ("val_loss", "train_loss", "tokens_per_s")  # null or non-finite in a run that did not finish
 POSITIVE_FIELDS = ("val_loss", "n_params", "n_once", "n_rec", "tokens", "flops_budget")  # N_once, N_rec may be 0
@@ -141,11 +142,14 @@ def sweep_setting(row, key):
     return None if value is None else str(value)
 
 
-def mixed_settings(rows):
+def mixed_settings(rows, law="iso-depth"):
     """The SWEEP_SETTINGS on which rows disagree, as 'key (a vs b)' strings (empty: all comparable). A row
-    that does not record a setting (rows older than run identities, synthetic rows) agrees with any."""
+    that does not record a setting (rows older than run identities, synthetic rows) agrees with any. The
+    truncate-or-not law's fixed-N models differ in executed depth by design (T loops of one block)."""
     mixed = []
     for key in SWEEP_SETTINGS:
+        if key == "depth" and law == "truncate-or-not":
+            continue
         values = {sweep_setting(row, key) for row in rows}
         values.discard(None)
         if len(values) > 1:
@@ -182,9 +186,13 @@ def with_metric(rows, metric, eval_rows, categories):
     return kept, notes
 
 
-def prepare_rows(rows, source="runs"):
+def prepare_rows(rows, source="runs", law="iso-depth"):
     """Canonical copies of train.py rows: int r, r_bwd, the injection, and finite positive n_params, n_once,
-    n_rec, tokens, flops_budget, val_loss (N_once, N_rec may be 0). ValueError names the first run lacking one."""
+    n_rec, tokens, flops_budget, val_loss (N_once, N_rec may be 0). The truncate-or-not law takes a token horizon's
+    level instead of flops_budget (truncate_law.level_of). ValueError names the first run lacking one."""
+    required = POSITIVE_FIELDS
+    if law == "truncate-or-not":
+        required = tuple(k for k in POSITIVE_FIELDS if k != "flops_budget")
     out = []
     for i, raw in enumerate(rows, 1):
         row = dict(raw, r=int(raw.get("r") or 1))
@@ -193,7 +201,10 @@ def prepare_rows(rows, source="runs"):
             row["injection"] = "none"
         else:
             row["injection"] = row.get("injection") or "linear"
-        for k in POSITIVE_FIELDS:
+        if law == "truncate-or-not" and not _finite(truncate_law.level_of(row)):
+            raise ValueError(f"{source}: runs have neither a token horizon (tokens_target, d0) nor a flops_budget "
+                             f"(first: run {i})")
+        for k in required:
             may_be_zero = k in ("n_once", "n_rec")
             if not _finite(row.get(k)) or float(row[k]) < 0 or (float(row[k]) == 0 and not may_be_zero):
                 what = "lack" if row.get(k) is None else "have a NaN, infinite or non-positive"
@@ -284,11 +295,6 @@ def analyse_joint(analysis, rows, options):
     if options.bootstrap and joint["converged"]:  # the refits start from the full fit's optima: it must have one
         analysis["bootstrap"] = bootstrap_joint(rows, joint, options.bootstrap, options.boot_restarts, seed, workers,
                                                 delta)
-
-
-def frontier_points(analysis, law, key=None):
-    """The frontier points of one law ("per_arch" or "joint") and, given `key`, of one architecture."""
-    return [pt for pt in analysis["frontier"] if pt["law"] == law and (key is None or arch_key(pt) == key)]
 
 
 def _fmt_fit(fit, phi=True):
@@ -420,6 +426,114 @@ def report_delta_phi(analysis, other, name_a, name_b, say=print):
     return d
 
 
+def _errors_text(e):
+    """One errors dict (truncate_law.errors) as the columns RMSE, MAE, bias, max (nats)."""
+    if not e.get("n"):
+        return f"{'-':>10}{'-':>10}{'-':>11}{'-':>10}"
+    return f"{e['rmse']:>10.2e}{e['mae']:>10.2e}{e['bias']:>+11.2e}{e['max_error']:>10.2e}"
+
+
+def _ci_text(boot, key, fmt=".3f"):
+    if not boot or not boot.get(key + "_ci"):
+        return ""
+    lo, hi = boot[key + "_ci"]
+    return f" [{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def report_truncate_law(analysis, title, say=print):
+    """The truncate-or-not law's report (Truncate or Not? §4-5, App. C): the coefficients with CIs, the errors
+    in-sample, on the test set and held out, beside the power-law gain's; g-hat against g(T, B); and the answer to
+    "truncate or not?" from the law (q vs 2p, Table 5) and from the runs (matched compute, per-setting laws)."""
+    fit, power, boot = analysis["fits"]["bounded"], analysis["fits"]["power"], analysis["bootstrap"]
+    levels = analysis["levels"]
+    say(f"== {title}: Truncate or Not? law, {analysis['runs']} runs in {analysis['configs']} configurations "
+        f"({analysis['fitting']} fitted: {analysis['fit_window'][0]:g} < D_target/N < {analysis['fit_window'][1]:g}; "
+        f"the rest a test set), {len(analysis['sizes'])} sizes, {len(levels)} levels ({levels[0]:g} .. {levels[-1]:g} "
+        f"D0), {len(analysis['settings'])} (T, B) settings" + "".join(f"\n   note: {n}" for n in analysis["notes"]))
+    say(f"   L = E + [A (N_eff/N0)^-alpha + H (D/D0)^-beta]^kappa, N_eff = N_once + g(T,B) N_rec, "
+        f"g = exp[c (1 - T^-p B^-q)]; N0 = {analysis['n0']:,.0f}, D0 = {analysis['d0']:,.0f} tokens")
+    if not fit["converged"]:
+        say(f"  NOT CONVERGED ({fit['message']})")
+        return
+    ci = f"; 95% CIs: {boot['converged']} of {boot['resamples']} resamples of {boot['cells']} (size, level) cells" \
+        if boot else ""
+    say(f"\nCoefficients (best of {fit['starts']} TRF starts, {fit['converged_starts']} converged{ci})\n"
+        f"  E {fit['E']:.4f}  A {fit['A']:.4g}  H {fit['H']:.4g}  alpha {fit['alpha']:.4f}  beta {fit['beta']:.4f}  "
+        f"kappa {fit['kappa']:.4f}  R2 {fit['r2']:.4f}\n"
+        f"  c {fit['c']:.3f}{_ci_text(boot, 'c')}  p {fit['p']:.3f}{_ci_text(boot, 'p')}  q {fit['q']:.3f}"
+        f"{_ci_text(boot, 'q')}  (published: c 1.112, p 0.237, q 1.022)\n"
+        f"  g(2,2) {truncate_law.gain_of(fit, 2, 2):.3f}  g(4,4) {truncate_law.gain_of(fit, 4, 4):.3f}  g(8,2) "
+        f"{truncate_law.gain_of(fit, 8, 2):.3f}  g(8,8) {truncate_law.gain_of(fit, 8, 8):.3f}  ceiling e^c "
+        f"{math.exp(fit['c']):.3f}" + "".join(f"\n  !! {name} sits on its bound" for name in fit["on_bound"]))
+    say("\nErrors, prediction - measurement (nats)          fits      RMSE       MAE       bias       max"
+        "   power-law gain: RMSE")
+    say(f"  in-sample                              {1:>12}{_errors_text(fit['in_sample'])}{power['in_sample']['rmse']:>12.2e}")
+    test = fit["test_set"]
+    say(f"  test set ({test.get('n', 0)} configurations)               -{_errors_text(test)}"
+        f"{power['test_set'].get('rmse', float('nan')):>12.2e}")
+    held = {(h["family"], h["gain"]): h for h in analysis["holdouts"]}
+    for family in dict.fromkeys(h["family"] for h in analysis["holdouts"]):
+        h, p = held[family, "bounded"], held.get((family, "power"))
+        say(f"  one {family + ' out':<35}{h['fits']:>4}{_errors_text(h)}{p['rmse'] if p else float('nan'):>12.2e}")
+    rows = held.get(("row", "bounded"))
+    if rows:
+        power_rows = {f["label"]: f for f in held[("row", "power")]["folds"]}
+        say("  forward-loop rows held out (§C.5): " + "   ".join(
+            f"T = {f['label']:g}: {f['rmse']:.2e} (power {power_rows[f['label']]['rmse']:.2e})" for f in rows["folds"]))
+    _report_g_hat(analysis, say)
+    _report_truncate_or_not(analysis, say)
+
+
+def _report_g_hat(analysis, say):
+    """g(T, B) of the fit beside the runs' g-hat (their Figure 6)."""
+    if not analysis["g_summary"]:
+        say("\nEmpirical g-hat (§C.2): no level has non-looped runs of >= 3 sizes with falling losses")
+        return
+    say(f"\nLooping coefficient: the law's g(T, B) against g-hat from the runs (§C.2: the non-looped runs' PCHIP "
+        f"loss -> size at the same level; median [25th, 75th] of {len(analysis['g_hat'])} configurations)")
+    for t in analysis["g_summary"]:
+        say(f"  ({t['T']}, {t['B']})  law {t['g_law']:.3f}   g-hat {t['median']:.3f} [{t['q25']:.3f}, "
+            f"{t['q75']:.3f}]  n = {t['n']}")
+
+
+def _report_truncate_or_not(analysis, say):
+    """The answer: the law's (q vs 2p, Table 5 with this fit) and the runs' (matched compute, per-setting laws)."""
+    fit, boot = analysis["fits"]["bounded"], analysis["bootstrap"]
+    gap = fit["q"] - 2 * fit["p"]
+    verdict = "full BPTT (q > 2p)" if gap > 0 else "truncation (q < 2p)"
+    if boot and boot["q_minus_2p_ci"][0] < 0 < boot["q_minus_2p_ci"][1]:
+        verdict = "not settled: the CI of q - 2p includes 0"
+    share_by_setting = [f["share"] for f in analysis["per_setting"].values()] or [0.5]
+    share = float(sorted(share_by_setting)[len(share_by_setting) // 2])
+    frac = f"; q > 2p in {boot['frac_q_gt_2p']:.0%} of resamples" if boot else ""
+    say(f"\nTruncate or not?\n  both loop counts free (Lemma D.2): q - 2p = {gap:+.3f}"
+        f"{_ci_text(boot, 'q_minus_2p', '+.3f')}{frac} -> {verdict}")
+    say(f"  T prescribed (their Table 5 from this fit, N_rec/N = {share:.3f}):  T  B*  chi(T,B*)  chi(T,T)  saving")
+    for t in truncate_law.chi_table(fit, share, (2, 4, 8)):
+        say(f"{'':>70}{t['T']:>2}{t['B_star']:>4}{t['chi_star']:>11.3f}{t['chi_full']:>10.3f}{t['saving']:>8.1%}")
+    for pair in analysis["pairs"]:
+        deltas = [c["delta"] for c in pair["cells"]]
+        if deltas:
+            say(f"  matched compute, measured: {pair['truncated']} - {pair['full']} = {sum(deltas) / len(deltas):+.4f} "
+                f"nats on average; full BPTT lower in {sum(d > 0 for d in deltas)} of {len(deltas)} (size, level) cells")
+    for s in analysis["savings"]:
+        say(f"  per-setting laws: {s['cheaper']} reaches {s['dearer']}'s loss with {s['min']:+.0%} .. {s['max']:+.0%} "
+            f"less compute (median {s['median']:+.0%}) over {s['range'][0]:.2g} .. {s['range'][1]:.2g} FLOPs")
+
+
+def fit_truncate_law(args, path, rows, notes):
+    """--law truncate-or-not: the analysis (truncate_law.analyse), its report, --json and --plots."""
+    analysis = truncate_law.analyse(rows, args.restarts, args.holdouts, args.bootstrap, args.workers, args.fit_window)
+    analysis["notes"][:0] = notes
+    report_truncate_law(analysis, str(path))
+    if args.json:
+        Path(args.json).write_text(json.dumps(analysis, indent=1, default=float))
+        print(f"\nwrote {args.json}")
+    if args.plots:
+        names = make_truncate_plots(analysis, args.plots, plot_title(path))
+        print(f"wrote {', '.join(names)} to {args.plots}")
+
+
 def report_equivalence(eq, say=print):
     """laws.equivalence's answer as four lines: the looped model, the r = 1 models of the same loss and of the same
     FLOPs (§1, App. G.5: at phi = 0.46 a 410M r = 4 model "performs on par with a 580M non-looped model" and costs
@@ -438,137 +552,28 @@ def report_equivalence(eq, say=print):
 
 
 # ----------------------------------------------------------------------------------------------
-# Plots
-
-@dataclass
-class BudgetColours:
-    """Each run's budget (its index into `budgets`) and the colour of each budget, shared by the figures."""
-    level: list
-    budgets: list
-    colours: list
-
-    def of_runs(self, rows, key):
-        """The budget colour of each run of architecture `key`, in by_arch's order."""
-        return [self.colours[lv] for row, lv in zip(rows, self.level) if arch_key(row) == key]
-
-
-def plot_isoflop(plt, analysis, rows, by_budget, title):
-    """One panel per architecture: its runs (colour = budget), its own law along the width family at
-    D = C / F(N) for every budget, and the law's compute-optimal N* (stars); y limited to the runs."""
-    from matplotlib.lines import Line2D
-    groups = by_arch(rows)
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 4.4), sharey=True, squeeze=False)
-    for ax, (key, group_rows) in zip(axes[0], groups.items()):
-        N_runs = column(group_rows, "n_params")
-        ax.scatter(N_runs, column(group_rows, "val_loss"), c=by_budget.of_runs(rows, key),
-                   marker=MARKER_OF_R.get(key[0], "v"), edgecolors="black", linewidths=0.4, zorder=3)
-        fit, family = analysis["per_arch"].get(key), family_for_group(group_rows)
-        if fit is not None and fit["converged"] and family is not None:
-            N = np.geomspace(0.6 * N_runs.min(), 1.6 * N_runs.max(), 200)
-            N = N[(N >= family["N"][0]) & (N <= family["N"][-1])]
-            for j, C in enumerate(by_budget.budgets):
-                D = C / np.interp(N, family["N"], family["F"])
-                ax.plot(N, law_loss(fit, N, 0, 1, D), color=by_budget.colours[j], lw=1)
-        stars = frontier_points(analysis, "per_arch", key)
-        ax.scatter([pt["N_star"] for pt in stars], [pt["L_star"] for pt in stars], marker="*", s=110,
-                   color="red", edgecolors="black", linewidths=0.4, zorder=4)
-        ax.set(xscale="log", title=arch_label(key), xlabel="non-embedding parameters N")
-    losses = column(rows, "val_loss")
-    margin = 0.08 * (losses.max() - losses.min()) + 0.01
-    axes[0][0].set_ylim(losses.min() - margin, losses.max() + margin)  # the curves rise far off the data
-    axes[0][0].set_ylabel("validation loss (nats)")
-    handles = [Line2D([], [], color=by_budget.colours[j], lw=2, label=f"C = {C:.3g} FLOPs")
-               for j, C in enumerate(by_budget.budgets)]
-    handles.append(Line2D([], [], ls="", marker="o", color="grey", label="runs (marker = r, colour = C)"))
-    handles.append(Line2D([], [], ls="", marker="*", ms=11, color="red", label="law's compute-optimal N*"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
-    fig.suptitle(f"{title}: validation loss at each budget; lines: each architecture's law at D = C / F(N)")
-    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
-    return fig
-
-
-def plot_pred_vs_actual(plt, analysis, rows, by_budget, title):
-    """Every run's loss against the joint law's prediction (else its architecture's law)."""
-    from matplotlib.lines import Line2D
-    fig, ax = plt.subplots(figsize=(5.6, 5.0))
-    handles = []
-    for key, group_rows in by_arch(rows).items():
-        law = analysis["joint"] or analysis["per_arch"].get(key)
-        if law is None or not law["converged"]:
-            continue
-        c = {k: column(group_rows, k) for k in ("n_params", "n_once", "n_rec", "r", "tokens")}
-        if analysis["joint"]:
-            predicted = law_loss(law, c["n_once"], c["n_rec"], c["r"], c["tokens"])
-        else:
-            predicted = law_loss(law, c["n_params"], 0, 1, c["tokens"])
-        marker = MARKER_OF_R.get(key[0], "v")
-        ax.scatter(predicted, column(group_rows, "val_loss"), c=by_budget.of_runs(rows, key), marker=marker,
-                   edgecolors="black", linewidths=0.4)
-        handles.append(Line2D([], [], ls="", marker=marker, color="grey", label=arch_label(key)))
-    handles += [Line2D([], [], color=by_budget.colours[j], lw=3, label=f"C = {C:.3g}")
-                for j, C in enumerate(by_budget.budgets)]
-    losses = column(rows, "val_loss")
-    ax.plot([losses.min(), losses.max()], [losses.min(), losses.max()], "k--", lw=0.8)
-    law_name = "joint law" if analysis["joint"] else "per-architecture laws"
-    ax.set(xlabel=f"predicted loss, {law_name} (nats)", ylabel="actual validation loss (nats)",
-           title=f"{title}: {law_name}, predicted vs actual")
-    ax.legend(handles=handles, fontsize=7, title="marker = architecture, colour = budget", title_fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def plot_frontier(plt, analysis, budgets, title):
-    """L*, N*, D* of each architecture's compute-optimal point against the budget (per-architecture laws)."""
-    from matplotlib.ticker import NullFormatter
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
-    keys = sorted({arch_key(pt) for pt in frontier_points(analysis, "per_arch")})
-    for key in keys:
-        pts = frontier_points(analysis, "per_arch", key)
-        for ax, k in zip(axes, ("L_star", "N_star", "D_star")):
-            ax.plot([pt["budget"] for pt in pts], [pt[k] for pt in pts], marker=MARKER_OF_R.get(key[0], "v"),
-                    label=arch_label(key))
-    for ax, label in zip(axes, ("L* (nats)", "N* (non-embedding parameters)", "D* (tokens)")):
-        ax.set(xlabel="compute C (FLOPs)", ylabel=label)
-        if keys:  # a grid too small for per-architecture laws has no frontier: keep linear axes
-            ax.set_xscale("log")
-            if label[0] != "L":
-                ax.set_yscale("log")
-            ax.set_xticks(budgets, [f"{C:.2g}" for C in budgets])  # the budgets themselves, no crowded minor labels
-            ax.xaxis.set_minor_formatter(NullFormatter())
-    if keys:
-        axes[0].legend(fontsize=7)
-    fig.suptitle(f"{title}: compute-optimal frontier per architecture (its own law)")
-    fig.tight_layout()
-    return fig
-
-
-def make_plots(analysis, rows, outdir, title, results):
-    """isoflop.png, pred_vs_actual.png, frontier.png and, for the runs whose training curve is found beside
-    `results` (curves.py), curves.png in outdir; `title` names the grid. Returns the names written."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    level, budgets = budget_levels(column(rows, "flops_budget"))
-    colours = [plt.get_cmap("viridis")(j / max(1, len(budgets) - 1)) for j in range(len(budgets))]
-    by_budget = BudgetColours(level, budgets, colours)
-    figures = {
-        "isoflop.png": plot_isoflop(plt, analysis, rows, by_budget, title),
-        "pred_vs_actual.png": plot_pred_vs_actual(plt, analysis, rows, by_budget, title),
-        "frontier.png": plot_frontier(plt, analysis, budgets, title),
-    }
-    found, notes = grid_curves(rows, results)
-    for note in notes:
-        print(f"{PROG}: curves.png: {note}", file=sys.stderr)
-    if found:
-        figures["curves.png"] = plot_curves(plt, found, title, len(rows))
-    for name, fig in figures.items():
-        fig.savefig(Path(outdir) / name, dpi=120)
-    plt.close("all")
-    return list(figures)
-
-
-# ----------------------------------------------------------------------------------------------
 # Command line
+
+def window(text):
+    """--fit-window LO,HI: two numbers, 0 <= LO < HI."""
+    try:
+        lo, hi = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO,HI such as 6.5,105, got {text!r}") from None
+    if not 0 <= lo < hi:
+        raise argparse.ArgumentTypeError(f"expected 0 <= LO < HI, got {text!r}")
+    return lo, hi
+
+
+def families(text):
+    """--holdouts: a comma list of truncate_law.FAMILIES, or none."""
+    chosen = tuple(part for part in text.split(",") if part and part != "none")
+    unknown = set(chosen) - set(truncate_law.FAMILIES)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown families {', '.join(sorted(unknown))} (of "
+                                         f"{', '.join(truncate_law.FAMILIES)}, or none)")
+    return chosen
+
 
 def resample_count(text):
     """--bootstrap: 0 (off) or at least 2 resamples (a percentile CI needs two draws)."""
@@ -590,8 +595,10 @@ def parse_args(argv=None):
     parser.add_argument("--plots", metavar="DIR", help="write isoflop.png, pred_vs_actual.png, frontier.png and "
                         "curves.png (the runs' training curves, where their logs are found)")
     parser.add_argument("--only-r", metavar="LIST", type=positive_int_list, help="keep only these r, e.g. 1,4,8")
-    parser.add_argument("--restarts", type=positive_int, default=500,
-                        help="random L-BFGS-B restarts per fit (paper: 500)")
+    parser.add_argument("--law", choices=LAWS, default="iso-depth",
+                        help="iso-depth: the joint law with phi; truncate-or-not: their law over N, D, T and B")
+    parser.add_argument("--restarts", type=positive_int, default=None,
+                        help="random starts per fit (iso-depth: 500 L-BFGS-B; truncate-or-not: 64 TRF, App. C.3)")
     parser.add_argument("--bootstrap", type=resample_count, default=200, metavar="N",
                         help="block-bootstrap resamples (paper: 200)")
     parser.add_argument("--seed", type=int, default=0,
@@ -602,6 +609,11 @@ def parse_args(argv=None):
     parser.add_argument("--phi", type=finite_float, help="phi for --equiv (else fitted)")
     parser.add_argument("--allow-mixed", action="store_true",
                         help="fit or compare runs of another vocab, seq len, depth, dataset or eval rows all the same")
+    g = parser.add_argument_group("the truncate-or-not law (--law truncate-or-not)")
+    g.add_argument("--fit-window", type=window, default=truncate_law.FIT_WINDOW, metavar="LO,HI",
+                   help="the fitting set: target tokens per parameter in (LO, HI); the rest is the test set")
+    g.add_argument("--holdouts", type=families, default=truncate_law.FAMILIES, metavar="LIST",
+                   help=f"held-out families to refit, of {','.join(truncate_law.FAMILIES)} (or none)")
     g = parser.add_argument_group("downstream loss instead of validation loss (App. I)")
     g.add_argument("--evals", metavar="FILE", help="evaluate.py's rows (joined to the runs by run_id)")
     g.add_argument("--metric", help="a category of --categories (e.g. reading_comp) or a task label")
@@ -616,24 +628,30 @@ def parse_args(argv=None):
         parser.error("give a results file (or --equiv R S --phi X)")
     if args.results is None and args.equiv and args.phi is None:
         parser.error("--equiv without a results file needs --phi")
+    if args.law == "truncate-or-not" and (args.compare or args.equiv or args.metric or args.only_r):
+        parser.error("--law truncate-or-not fits one sweep: --compare, --equiv, --metric and --only-r are the "
+                     "iso-depth law's")
+    if args.restarts is None:
+        args.restarts = 500 if args.law == "iso-depth" else truncate_law.STARTS
     return args
 
 
-def load_sweep(path, only_r=None, allow_mixed=False, metric=None):
+def load_sweep(path, only_r=None, allow_mixed=False, metric=None, law="iso-depth"):
     """Fit-ready rows of one results file (unusable ones dropped, one stderr line each) and notes. `metric`:
-    (name, evaluation rows, categories) to fit a downstream loss instead of the validation loss."""
+    (name, evaluation rows, categories) to fit a downstream loss instead of the validation loss; `law`: the law
+    the rows are for (LAWS)."""
     rows, dropped = drop_unusable(load_results(path))
     if metric is not None:
         rows, missing = with_metric(rows, *metric)
         dropped += missing
     for note in dropped:
         print(f"{PROG}: {path} {note}", file=sys.stderr)
-    rows = prepare_rows(rows, str(path))
+    rows = prepare_rows(rows, str(path), law)
     if only_r:
         rows = [row for row in rows if row["r"] in only_r]
     if not rows:
         raise ValueError(f"{path}: no runs left to fit")
-    mixed = mixed_settings(rows)
+    mixed = mixed_settings(rows, law)
     if mixed and not allow_mixed:
         raise ValueError(f"{path}: its runs differ in {'; '.join(mixed)}: one law over them mixes losses that are "
                          f"not comparable (fit each sweep on its own, or pass --allow-mixed)")
@@ -764,7 +782,7 @@ def read_inputs(args):
     sweeps = []
     for path in (args.results, args.compare):
         if path:
-            sweeps.append((path, *load_sweep(path, args.only_r, args.allow_mixed, metric)))
+            sweeps.append((path, *load_sweep(path, args.only_r, args.allow_mixed, metric, args.law)))
     if len(sweeps) == 2 and not args.allow_mixed:
         mixed = mixed_settings(sweeps[0][1] + sweeps[1][1])
         if mixed:
@@ -776,6 +794,8 @@ def read_inputs(args):
 def fit_and_report(args):
     """The fits of each sweep and their report, then delta-phi, the equivalence, --json and --plots."""
     sweeps = read_inputs(args)
+    if args.law == "truncate-or-not":
+        return fit_truncate_law(args, *sweeps[0])
     fits, out = [], {}
     for k, (path, rows, notes) in enumerate(sweeps):
         seed = args.seed + 1_000_003 * k  # the compared sweep's own restarts and resamples

@@ -31,6 +31,9 @@ from common import count, fail, finite_float, one_line_errors, positive_float, p
 
 # The injection modes (paper §3.1, §5.2): what model.py builds, what flops.py counts, what the tests cover.
 INJECTIONS = ("linear", "additive", "passthrough", "hyper", "gated")
+UNTIED_INJECTIONS = ("linear", "additive", "passthrough")  # --untied copies W_inj, if any; hyper and gated: not built
+
+BATCH_TOKENS = 2 ** 18  # the iso-depth batch (§4.1): 128 sequences of 2,048 tokens, B_0 of the LR rule
 
 # Dense bf16 tensor-core peak FLOP/s per GPU (datasheet numbers, no sparsity), for MFU.
 PEAK_BF16_FLOPS = {
@@ -59,6 +62,7 @@ class ModelConfig:
     vocab_size: int = 32064         # the paper's V padded (32,001 ids, §4.1); train.py takes meta.json's
     seq_len: int = 2048             # T: attention's FLOPs grow with it
     random_state_init: bool = False  # Huginn-style s_0 ~ N(0, 1) ablation (App. C.2)
+    untied: bool = False            # Truncate or Not? App. E.2: every loop its own block, W_inj and loop norm
 
     def __post_init__(self):
         """Resolve defaults and reject impossible layouts with a one-line reason (ValueError)."""
@@ -104,6 +108,9 @@ class ModelConfig:
                              "the gradient (e only enters as s_0)")
         if self.random_state_init and self.injection in ("hyper", "none"):
             raise ValueError("--random-state-init needs a state injection (linear|additive|passthrough)")
+        if self.untied and (self.r < 2 or self.injection not in UNTIED_INJECTIONS or self.r_bwd < self.r):
+            raise ValueError(f"--untied copies the loop's block, W_inj and norm for each of r loops: it needs "
+                             f"r >= 2, full BPTT and one of the injections {'|'.join(UNTIED_INJECTIONS)}")
         if self.hc_lanes < 1:
             raise ValueError(f"--hc-lanes must be >= 1, got {self.hc_lanes}")
         if not 1 <= self.vocab_size:
@@ -120,6 +127,20 @@ class ModelConfig:
     @property
     def padded_vocab(self):
         return -(-self.vocab_size // 64) * 64  # multiple of 64: tensor-core friendly lm_head
+
+
+# ModelConfig fields added after runs were committed: a run's identity records one only when it is set, so that
+# every earlier run keeps its run_id (config_record).
+LATER_FIELDS = {"untied": False}
+
+
+def config_record(cfg):
+    """The ModelConfig as a run's identity records it: every field, but a LATER_FIELDS one only when set."""
+    record = asdict(cfg)
+    for name, default in LATER_FIELDS.items():
+        if record[name] == default:
+            del record[name]
+    return record
 
 
 def block_params(d):
@@ -157,13 +178,16 @@ def injection_params(cfg):
 
 def param_counts(cfg):
     """N, N_once, N_rec and the embeddings, exactly as model.py instantiates them (§3.1: N_once = (l_p + l_c) n_b,
-    N_rec = l_recur n_b + n_i; at s = 10, N = 98.3M, 59.8M, 40.2M, 30.3M for r = 1, 2, 4, 8)."""
+    N_rec = l_recur n_b + n_i; at s = 10, N = 98.3M, 59.8M, 40.2M, 30.3M for r = 1, 2, 4, 8). The untied model
+    (Truncate or Not? App. E.2) holds r copies of the loop: N_rec is all of them, N = N_once + r N_rec(tied)."""
     d = cfg.d_model
     n_b = block_params(d)
     # The three model-level norms (3d) are booked in N_once: this reproduces the paper's reference
     # horizon D_ref = 10 * (N_once + r * N_rec) = 1,016,083,200 tokens at s = 10, r = 4 (App. E).
     n_once = (cfg.prelude + cfg.coda) * n_b + 3 * d
     n_rec = cfg.recur * n_b + injection_params(cfg)
+    if cfg.untied:  # loops 2..r: their own block and W_inj, and their own loop norm (d)
+        n_rec += (cfg.r - 1) * (n_rec + d)
     n_embedding = 2 * cfg.padded_vocab * d  # wte and the untied lm_head
     return {"n_params": n_once + n_rec, "n_once": n_once, "n_rec": n_rec,
             "n_embedding": n_embedding, "n_total": n_once + n_rec + n_embedding}
@@ -193,6 +217,51 @@ def flops_per_token(cfg):
     """Training FLOPs per token (forward + backward), §3.1 / truncate-or-not App. D.1:
     F = 6 (P_prelude + P_coda + P_lm_head) + (2f + 6k)(P_recur + P_inj) + attention."""
     return sum(flops_breakdown(cfg).values())
+
+
+# The optimiser's own FLOPs per step (Truncate or Not? App. D.1, "The optimizer update is negligible"): not in F,
+# which prices a token; their "measured compute" adds it. MuonH orthogonalises each matrix by NS_ITERATIONS
+# Newton-Schulz steps on X (m x n, m <= n: muonh.orthogonalise transposes tall ones): X X^T (2 m^2 n), A A (2 m^3),
+# (b A + c A^2) X (2 m^2 n). Elementwise work per parameter, counted as torch runs it: MuonH's momentum and
+# Nesterov lerps (3 + 3), its norms (3 x 2), scale, step and projection (4); AdamW's two moments (3 + 4), its
+# denominator (3) and step (3). The elementwise part is < 0.1% of the Newton-Schulz matmuls at these widths.
+NS_ITERATIONS = 5  # len(muonh.POLAR_EXPRESS_COEFFICIENTS), checked by tests/test_flops.py
+MUONH_FLOPS_PER_PARAM = 16
+ADAMW_FLOPS_PER_PARAM = 13
+
+
+def muonh_matrices(cfg):
+    """The (rows, cols) of every matrix MuonH trains (model.GPT.param_groups' "matrix"): q, k, v, o, the MLP's two
+    per block, W_inj; each unique once (the loop's block once, or r times untied)."""
+    d = cfg.d_model
+    copies = cfg.r if cfg.untied else 1
+    blocks = cfg.prelude + cfg.coda + copies * cfg.recur
+    shapes = blocks * [(d, d)] * 4 + blocks * [(4 * d, d), (d, 4 * d)]
+    if cfg.injection == "linear":
+        shapes += copies * [(d, 2 * d)]
+    return shapes
+
+
+def optimizer_flops_per_step(cfg):
+    """FLOPs of one optimiser step (MuonH's Newton-Schulz matmuls and elementwise update, AdamW's update), the
+    same for every (r, r_bwd) of a model and independent of the batch."""
+    newton_schulz, muonh_params = 0, 0
+    for rows, cols in muonh_matrices(cfg):
+        m, n = min(rows, cols), max(rows, cols)
+        newton_schulz += NS_ITERATIONS * (4 * m * m * n + 2 * m ** 3)
+        muonh_params += rows * cols
+    counts = param_counts(cfg)
+    adamw_params = counts["n_params"] + counts["n_embedding"] - muonh_params
+    return newton_schulz + MUONH_FLOPS_PER_PARAM * muonh_params + ADAMW_FLOPS_PER_PARAM * adamw_params
+
+
+def measured_flops(cfg, tokens, steps):
+    """Truncate or Not?'s "measured compute" of a run: the matmuls a FLOP counter sees in its forward and backward
+    passes (flops_breakdown's matmul and attention: F without the norm scales' elementwise convention) plus the
+    optimiser's steps. It reproduces their Table 6 column (2.41 ... 28.38e19 at 16 D0, tests/test_flops.py), where
+    F D + steps x optimizer lands 240M's 8.2849e19 on 8.29; F D alone gives 2.410 ... 28.213."""
+    terms = flops_breakdown(cfg)
+    return (terms["matmul"] + terms["attention"]) * tokens + steps * optimizer_flops_per_step(cfg)
 
 
 def effective_params(n_once, n_rec, r, phi):
@@ -234,18 +303,20 @@ def mfu(cfg, tokens_per_s, n_gpus, device_name):
     return None if peak is None else flops_per_token(cfg) * tokens_per_s / (n_gpus * peak)
 
 
-def summary(cfg, flops=None, batch_tokens=2 ** 18, phi=None):
+def summary(cfg, flops=None, batch_tokens=BATCH_TOKENS, phi=None):
     """Everything a script wants to know about one configuration, as a flat dict."""
-    out = {k: v for k, v in asdict(cfg).items()}
+    out = config_record(cfg)
     out.update(d_model=cfg.d_model, n_head=cfg.n_head, padded_vocab=cfg.padded_vocab)
     out.update(param_counts(cfg))
     out["flops_per_token"] = flops_per_token(cfg)
+    out["optimizer_flops_per_step"] = optimizer_flops_per_step(cfg)
     if phi is not None:
         out["phi"] = phi
         out["n_eff"] = effective_params(out["n_once"], out["n_rec"], cfg.r, phi)
     if flops is not None:
         out.update(flops_budget=flops, batch_tokens=batch_tokens,
                    **tokens_for_budget(cfg, flops, batch_tokens))
+        out["flops_measured"] = measured_flops(cfg, out["tokens"], out["steps"])
     return out
 
 
@@ -268,6 +339,8 @@ def add_model_args(parser):
                         help="vocabulary size (padded to 64)")
     parser.add_argument("--seq-len", type=positive_int, default=defaults.seq_len)
     parser.add_argument("--random-state-init", action="store_true", help="s_0 ~ N(0,1) ablation (App. C.2)")
+    parser.add_argument("--untied", action="store_true",
+                        help="every loop its own block, W_inj and norm (Truncate or Not? App. E.2): r x N_rec")
 
 
 def config_from_args(args, vocab_size=None, seq_len=None):
@@ -280,13 +353,13 @@ def config_from_args(args, vocab_size=None, seq_len=None):
     return ModelConfig(r=args.r, scale=args.scale, r_bwd=args.r_bwd, injection=args.injection,
                        hc_lanes=args.hc_lanes, depth=args.depth, prelude=args.prelude, coda=args.coda,
                        recur=args.recur, head_dim=args.head_dim, vocab_size=vocab_size, seq_len=seq_len,
-                       random_state_init=args.random_state_init)
+                       random_state_init=args.random_state_init, untied=args.untied)
 
 
 def budget_args(parser):
     """--flops and --batch-tokens: the horizon flags that the table and the plan price."""
     parser.add_argument("--flops", type=positive_float, default=None, help="compute budget C in FLOPs")
-    parser.add_argument("--batch-tokens", type=positive_int, default=2 ** 18)
+    parser.add_argument("--batch-tokens", type=positive_int, default=BATCH_TOKENS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -326,12 +399,15 @@ def main():
     for key in ("n_params", "n_once", "n_rec", "n_embedding", "n_eff"):
         if key in out:
             print(f"{key:<12}{out[key]:>18,.0f}  ({out[key] / 1e6:.2f}M)")
-    print(f"{'flops/token':<12}{out['flops_per_token']:>18,}  (seq len {cfg.seq_len})")
+    print(f"{'flops/token':<12}{out['flops_per_token']:>18,}  (seq len {cfg.seq_len}; forward + backward)")
+    print(f"{'optimizer':<12}{out['optimizer_flops_per_step']:>18,}  FLOPs per step (MuonH + AdamW)")
     if args.flops is not None:
         print(f"{'budget C':<12}{args.flops:>18.3e}  batch {args.batch_tokens:,} tokens")
         print(f"{'steps':<12}{out['steps']:>18,}")
         print(f"{'tokens D':<12}{out['tokens']:>18,}  ({out['tokens'] / out['n_params']:.1f} tokens/param)")
-        print(f"{'F * D':<12}{out['flops_actual']:>18.4e}")
+        print(f"{'F * D':<12}{out['flops_actual']:>18.4e}  forward + backward")
+        print(f"{'measured':<12}{out['flops_measured']:>18.4e}  matmuls + steps x optimizer (Truncate or Not?'s "
+              f"\"measured compute\")")
 
 
 if __name__ == "__main__":

@@ -110,7 +110,8 @@ def _config_from_row(row, scale=None):
     if scale is not None:
         kw["scale"] = scale
     kw["scale"] = float(kw["scale"])  # fractional widths on the CPU grid
-    kw["random_state_init"] = str(kw.get("random_state_init")).lower() in ("1", "true", "1.0")
+    for flag in ("random_state_init", "untied"):  # booleans, also from CSV text
+        kw[flag] = str(kw.get(flag)).lower() in ("1", "true", "1.0")
     if kw["r"] == 1 and kw.get("injection", "none") == "none":
         # train.py's r = 1 rows store the resolved plain stack; let ModelConfig resolve it from depth
         # alone. A looped layout run once (truncate-or-not's (T, B) = (1, 1)) keeps its layout.
@@ -581,3 +582,8 @@ def equivalence(r, scale, phi, layout=None):
         "same_width": {"N": row["n_params"], "scale": looped.scale,
                        "flops_per_token": flops.flops_per_token(same_width)},
     }
+
+
+def frontier_points(analysis, law, key=None):
+    """The frontier points of one law ("per_arch" or "joint") and, given `key`, of one architecture."""
+    return [pt for pt in analysis["frontier"] if pt["law"] == law and (key is None or arch_key(pt) == key)]

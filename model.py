@@ -176,6 +176,18 @@ class Block(nn.Module):
         return x + self.mlp(self.norm_2(x))
 
 
+class LoopWeights(nn.Module):
+    """One loop's own weights in the untied model (Truncate or Not? App. E.2): a copy of the shared block, of W_inj
+    and of the loop norm, under the names GPT gives its shared ones, so that one code path runs either."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.recur = nn.ModuleList(Block(cfg) for _ in range(cfg.recur))
+        self.norm_recur = RMSNorm(cfg.d_model)
+        if cfg.injection == "linear":
+            self.w_inj = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False)
+
+
 # ----------------------------------------------------------------------------------------------
 # The looped model
 
@@ -205,6 +217,9 @@ class GPT(nn.Module):
             self.hc_alpha = nn.Parameter(torch.zeros(cfg.r, K))
             self.hc_mix = nn.Parameter(torch.zeros(cfg.r, K, K))
             self.hc_beta = nn.Parameter(torch.zeros(cfg.r, K))
+        # Untied (App. E.2): loops 2..r get their own block, W_inj and norm; loop 1 keeps the shared names.
+        copies = cfg.r - 1 if cfg.untied else 0
+        self.untied_loops = nn.ModuleList(LoopWeights(cfg) for _ in range(copies))
         cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, None)
         self.register_buffer("rope_cos", cos, persistent=False)  # rebuilt from cfg, never checkpointed
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -219,17 +234,18 @@ class GPT(nn.Module):
         nn.init.normal_(self.wte.weight, mean=0.0, std=1.0)
         nn.init.normal_(self.lm_head.weight, mean=0.0, std=1e-3)  # near-zero logits: the first loss is ~ln V
         a, a_proj = math.sqrt(3 / d), math.sqrt(3 / (4 * d))
-        for block in [*self.prelude, *self.recur, *self.coda]:
+        for block in self.blocks():
             for projection in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.attn.c_proj, block.mlp.c_fc):
                 nn.init.uniform_(projection.weight, -a, a)
             nn.init.uniform_(block.mlp.c_proj.weight, -a_proj, a_proj)  # fan-in 4d
         for module in self.modules():
             if isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
-        if self.cfg.injection == "linear":
-            # [I | 0]: at init u = e, so the loop starts as a re-read of the prelude output.
-            self.w_inj.weight.zero_()
-            self.w_inj.weight[:, :d].copy_(torch.eye(d))
+        for t in range(self.cfg.r if self.cfg.injection == "linear" else 0):
+            # [I | 0]: at init u = e, so the loop starts as a re-read of the prelude output (each untied copy too).
+            w_inj = self.loop_weights(t).w_inj.weight
+            w_inj.zero_()
+            w_inj[:, :d].copy_(torch.eye(d))
         if self.cfg.injection == "gated":
             self.inj_gate.zero_()  # g = 1/2: the loop starts by reading e and the state equally
         if self.cfg.injection == "hyper":
@@ -239,6 +255,19 @@ class GPT(nn.Module):
             self.hc_alpha[steps, steps % K] = 1.0  # step t reads lane t mod K
             self.hc_mix.copy_(torch.eye(K).expand(self.cfg.r, K, K))
             self.hc_beta.fill_(1.0)
+
+    def blocks(self):
+        """Every transformer block the model holds, prelude, loop (each untied copy) and coda: what init_weights
+        initialises and CPU --compile compiles (runs.compile_or_eager)."""
+        copies = [block for loop in self.untied_loops for block in loop.recur]
+        return [*self.prelude, *self.recur, *copies, *self.coda]
+
+    def loop_weights(self, t):
+        """The module holding loop t's block, W_inj and norm (t from 0): the model itself when tied (every loop
+        shares them), else loop t's own copy; beyond the trained r the last copy (as hyper reuses its last step)."""
+        if not self.cfg.untied or t == 0:
+            return self
+        return self.untied_loops[min(t, self.cfg.r - 1) - 1]
 
     def set_device_backend(self, device):
         """Choose the attention kernel for the device the model lives on (attention_backend); returns its name."""
@@ -281,10 +310,12 @@ class GPT(nn.Module):
             return torch.randn_like(e)
         return torch.zeros_like(e) if self.cfg.injection == "additive" else e
 
-    def inject(self, e, s):
-        """u_t from the prelude output e and the previous state s (§3.1)."""
+    def inject(self, e, s, weights=None):
+        """u_t from the prelude output e and the previous state s (§3.1); `weights`: the loop's own W_inj (untied),
+        else the shared one."""
+        weights = weights or self
         if self.cfg.injection == "linear":
-            return self.w_inj(torch.cat([e, s], dim=-1))
+            return weights.w_inj(torch.cat([e, s], dim=-1))
         if self.cfg.injection == "additive":
             return s + e
         if self.cfg.injection == "gated":
@@ -292,11 +323,13 @@ class GPT(nn.Module):
             return gate * e + (1 - gate) * s
         return s  # passthrough, and the plain r = 1 stack ("none")
 
-    def run_shared(self, u, rope, cache=None):
-        """One recurrence: the shared layers on u, then norm_recur, so every state has the same scale (App. C.1)."""
-        for block in self.recur:
+    def run_shared(self, u, rope, cache=None, weights=None):
+        """One recurrence: the shared layers on u, then norm_recur, so every state has the same scale (App. C.1).
+        `weights`: the loop's own copy of both (untied), else the shared ones."""
+        weights = weights or self
+        for block in weights.recur:
             u = block(u, rope, self.backend, cache)
-        return self.norm_recur(u)
+        return weights.norm_recur(u)
 
     def recurrence(self, e, r, r_bwd, rope, cache=None):
         """Run r loops; only the last r_bwd build an autograd graph (truncated BPTT, §5.1)."""
@@ -308,8 +341,9 @@ class GPT(nn.Module):
             # Early loops run under no_grad: no activations kept, no backward FLOPs. Their output
             # enters the first trained loop as a plain tensor, so e and the shared weights get
             # gradient only through the last r_bwd loops.
+            weights = self.loop_weights(t)
             with torch.set_grad_enabled(grad_on and t >= r - r_bwd):
-                s = self.run_shared(self.inject(e, s), rope, cache)
+                s = self.run_shared(self.inject(e, s, weights), rope, cache, weights)
         return s
 
     def hyper_recurrence(self, e, r, rope, cache=None):

@@ -6,10 +6,10 @@ Nesterov-momentum update whose size is a fixed fraction `lr` of the matrix's Fro
 back onto the sphere ||W||_F = R = ||W_0||_F. The embedding, lm_head, RMSNorm scales and hyperconnection parameters
 are trained by torch's own AdamW. The learning rates follow the muP/HyperP transfer rule anchored at s = 10 (App. E).
 
-    from muonh import build_optimizers, learning_rates, lr_multiplier
+    from muonh import build_optimizers, learning_rates
     lrs = learning_rates(d_model=640, batch_tokens=2**18, tokens=D, tokens_ref=D_ref)
     muon, adamw = build_optimizers(model.param_groups(), lrs)
-    for opt in (muon, adamw):                      # every step
+    for opt in (muon, adamw):                      # every step; the schedule is recipe.lr_multiplier
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * lr_multiplier(step, total_steps)
 
@@ -36,8 +36,8 @@ GROUP_NAMES = tuple(BASE_LRS)  # the parameter-group names model.param_groups() 
 RECIPE_GROUPS = ("matrix", "embedding", "unembedding", "norm", "hyper")
 ADAMW_BETAS = (0.8, 0.95)
 ADAMW_EPS = 1e-10
-# The transfer rule's exponents (App. E; truncate-or-not re-estimated the data exponent at 0.40) and the
-# schedule's end: the defaults of learning_rates(), lr_multiplier() and train.py's flags alike.
+# The transfer rule's exponents (App. E; the truncate-or-not recipe's data exponent, 0.40, is recipe.py's) and
+# the schedule's end: the defaults of learning_rates() and train.py's flags alike.
 BATCH_EXP = 0.558
 DATA_EXP = 0.32
 WIDTH_EXP = 0.5
@@ -323,28 +323,20 @@ def add_lr_args(parser):
     for name, lr in BASE_LRS.items():
         group.add_argument(f"--lr-{name}", type=finite_float, default=lr)
     group.add_argument("--batch-exp", type=finite_float, default=BATCH_EXP, help="LR ~ (B/B_ref)^batch_exp")
-    group.add_argument("--data-exp", type=finite_float, default=DATA_EXP, help="MuonH LR ~ (D/D_ref)^-data_exp")
+    group.add_argument("--data-exp", type=finite_float, default=None,
+                       help="MuonH LR ~ (D/D_ref)^-data_exp (default: the recipe's, 0.32 iso-depth, 0.40 truncate-or-not)")
     group.add_argument("--width-exp", type=finite_float, default=WIDTH_EXP, help="AdamW LR ~ (d/d_ref)^-width_exp")
     group.add_argument("--ref-width", type=positive_int, default=REF_WIDTH, help="d_ref of the transfer rule")
     group.add_argument("--ref-batch", type=positive_int, default=REF_BATCH_TOKENS, help="B_ref of the transfer rule")
     group.add_argument("--ref-tokens", type=finite_float, default=0,
                        help="D_ref of the transfer rule (0: 10x effective params of the s=10 reference, flops.py)")
     group.add_argument("--final-lr-frac", type=finite_float, default=FINAL_LR_FRAC,
-                       help="linear decay ends at this fraction")
+                       help="the LR decay ends at this fraction of the peak")
 
 
-def lr_settings(args):
-    """(base_lrs, rule) from add_lr_args flags; rule holds the keyword arguments of learning_rates."""
+def lr_settings(args, data_exp=DATA_EXP):
+    """(base_lrs, rule) from add_lr_args flags; rule holds the keyword arguments of learning_rates. data_exp: the
+    recipe's token exponent (recipe.py), which --data-exp overrides."""
     return ({name: getattr(args, f"lr_{name}") for name in BASE_LRS},
-            {key: getattr(args, key) for key in ("batch_exp", "data_exp", "width_exp", "ref_width", "ref_batch")})
-
-
-def lr_multiplier(step, total_steps, final_frac=FINAL_LR_FRAC):
-    """Schedule (App. E): no warmup, linear decay from 1.0 at step 0 to final_frac at the last
-    step (total_steps - 1); clamped at final_frac beyond it."""
-    if total_steps < 1 or step < 0:
-        raise ValueError(f"lr_multiplier needs total_steps >= 1 and step >= 0, got {step}/{total_steps}")
-    if total_steps == 1:
-        return 1.0
-    progress = min(step / (total_steps - 1), 1.0)
-    return 1.0 - (1.0 - final_frac) * progress
+            {"batch_exp": args.batch_exp, "data_exp": data_exp if args.data_exp is None else args.data_exp,
+             "width_exp": args.width_exp, "ref_width": args.ref_width, "ref_batch": args.ref_batch})

@@ -21,17 +21,14 @@ from pathlib import Path
 import torch
 
 import flops
-from common import (DataError, append_row, atomic_write, check_fields, count, load_json, positive_float, positive_int,
+from common import (DataError, append_row, atomic_write, check_fields, count, load_json, positive_int,
                     positive_int_list)
 from dataloader import data_identity, read_meta
 import tracking
 from model import GPT
 from muonh import GROUP_NAMES, RECIPE_GROUPS, add_lr_args, learning_rates, lr_settings
+from recipe import Horizon, Recipe, add_horizon_args, add_recipe_args, is_default_schedule, plan_horizon, recipe_from_args
 
-# A horizon the batch cannot honour: fewer steps than this, or FLOPs (tokens) spent more than this far
-# from the budget asked for, would give a row whose flops_budget is not what the run spent.
-MIN_STEPS = 2
-HORIZON_RTOL = 0.10
 # What a checkpoint records about the training loop besides weights, optimiser states and RNG.
 PROGRESS_KEYS = ("step", "train_row", "wall_s", "train_loss", "tokens_per_s", "high_loss_steps")
 # The structure each reader of a run's files needs ({key: type}, common.check_fields): a file that loads but
@@ -48,16 +45,6 @@ IDENTITY_FIELDS = {"model": dict, "data": dict, "dtype": str}  # what check_run 
 # ----------------------------------------------------------------------------------------------
 # What run train.py's flags describe: its config, its steps, its identity
 
-def check_horizon(flag, asked, spent, steps, batch_tokens, unit):
-    """Refuse a horizon the batch cannot honour (MIN_STEPS, HORIZON_RTOL): a DataError with the numbers."""
-    off = spent / asked - 1
-    if steps >= MIN_STEPS and abs(off) <= HORIZON_RTOL:
-        return
-    raise DataError(f"{flag} {asked:.4g} is {steps} step(s) of {batch_tokens:,} tokens, which would spend "
-                    f"{spent:.4g} {unit} ({100 * off:+.0f}%); a run needs >= {MIN_STEPS} steps within "
-                    f"{100 * HORIZON_RTOL:.0f}% of its budget: raise {flag} or lower --batch-tokens")
-
-
 def train_parser(description=""):
     """train.py's flags. They live here, beside plan_run and run_identity, because what they say is the run's
     identity: sweep_state.py parses a sweep's planned train.py flags with this same parser to find which runs
@@ -66,10 +53,9 @@ def train_parser(description=""):
     flops.add_model_args(p)
     p.set_defaults(vocab_size=None, seq_len=None)  # taken from the data's meta.json unless given
     g = p.add_argument_group("horizon (pick one) and batch")
-    flops.budget_args(g)  # --flops C (tokens from flops.py) and --batch-tokens B
-    g.add_argument("--tokens", type=positive_float, help="training tokens D")
-    g.add_argument("--tokens-per-param", type=positive_float, help="D = this x N (non-embedding); default 20")
+    add_horizon_args(g)  # --flops C, --tokens D, --tokens-per-param, --batch-tokens B
     g.add_argument("--device-batch", type=count, default=0, help="rows per micro-batch per rank (0: auto, <= 16)")
+    add_recipe_args(p)
     add_lr_args(p)
     g = p.add_argument_group("io and system")
     g.add_argument("--data", default="data/fineweb", help="directory written by prepare_data.py")
@@ -95,20 +81,30 @@ def train_parser(description=""):
     return p
 
 
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What train.py's flags make of one run on its data: the model, the recipe, the horizon and the micro-batch."""
+    cfg: flops.ModelConfig
+    recipe: Recipe
+    horizon: Horizon                # steps, batch_tokens, tokens_target
+    device_batch: int               # rows per micro-batch per rank
+
+
 def plan_run(args, meta, world):
-    """(config, steps, rows per micro-batch) of train.py's flags on the data described by meta.json, for `world`
-    ranks; every flag checked against the data and the batch (DataError). The sequence length is the data's;
-    the micro-batch is --device-batch, or the largest of at most 16 rows that divides each rank's share."""
+    """The RunPlan of train.py's flags on the data described by meta.json, for `world` ranks; every flag checked
+    against the data and the batch (DataError). The sequence length is the data's; the horizon and batch are the
+    recipe's (recipe.plan_horizon); the micro-batch is --device-batch, or the largest of at most 16 rows that
+    divides each rank's share."""
     for flag, given, have in (("--seq-len", args.seq_len, meta["seq_len"]),
                               ("--vocab-size", args.vocab_size, meta["vocab_size"])):
         if given not in (None, have):
             raise DataError(f"{flag} {given} does not match the data ({have}, {args.data}/meta.json)")
     cfg = flops.config_from_args(args, vocab_size=meta["vocab_size"], seq_len=meta["seq_len"])
-    if sum(x is not None for x in (args.flops, args.tokens, args.tokens_per_param)) > 1:
-        raise DataError("give only one of --flops, --tokens, --tokens-per-param")
-    if args.batch_tokens % cfg.seq_len:
+    recipe = recipe_from_args(args)
+    if args.batch_tokens is not None and args.batch_tokens % cfg.seq_len:
         raise DataError(f"--batch-tokens {args.batch_tokens} is not a multiple of the sequence length {cfg.seq_len}")
-    rows_per_step = args.batch_tokens // cfg.seq_len
+    horizon = plan_horizon(args, cfg, recipe)
+    rows_per_step = horizon.batch_tokens // cfg.seq_len
     if rows_per_step % world:
         raise DataError(f"{rows_per_step} rows per step do not split over {world} ranks")
     rows_per_rank = rows_per_step // world
@@ -117,25 +113,17 @@ def plan_run(args, meta, world):
         device_batch = max(b for b in range(1, 17) if rows_per_rank % b == 0)
     if rows_per_rank % device_batch:
         raise DataError(f"--device-batch {device_batch} does not divide the {rows_per_rank} rows per rank per step")
-    if args.flops is not None:
-        plan = flops.tokens_for_budget(cfg, args.flops, args.batch_tokens)
-        check_horizon("--flops", args.flops, plan["flops_actual"], plan["steps"], args.batch_tokens, "FLOPs")
-        return cfg, plan["steps"], device_batch
-    if args.tokens:
-        tokens, flag = args.tokens, "--tokens"
-    else:
-        tokens, flag = (args.tokens_per_param or 20) * flops.param_counts(cfg)["n_params"], "--tokens-per-param"
-    steps = max(1, round(tokens / args.batch_tokens))
-    check_horizon(flag, tokens, steps * args.batch_tokens, steps, args.batch_tokens, "tokens")
-    return cfg, steps, device_batch
+    return RunPlan(cfg, recipe, horizon, device_batch)
 
 
-def run_identity(args, meta, cfg, steps):
+def run_identity(args, meta, plan):
     """(identity, run_id): everything that makes two runs the same run, and its sha256. Resume, reuse and
-    "already done" all compare it. ValueError for bad LR settings."""
-    base_lrs, lr_rule = lr_settings(args)
+    "already done" all compare it. ValueError for bad LR settings. A schedule other than the iso-depth one
+    (warmup, cosine) is recorded under "schedule"; iso-depth runs have no such entry, as before it existed."""
+    cfg, steps, batch_tokens = plan.cfg, plan.horizon.steps, plan.horizon.batch_tokens
+    base_lrs, lr_rule = lr_settings(args, plan.recipe.data_exp)
     tokens_ref = args.ref_tokens or flops.reference_horizon(looped=cfg.r > 1)
-    lrs = learning_rates(cfg.d_model, args.batch_tokens, steps * args.batch_tokens, tokens_ref, base_lrs, **lr_rule)
+    lrs = learning_rates(cfg.d_model, batch_tokens, steps * batch_tokens, tokens_ref, base_lrs, **lr_rule)
     recorded = recorded_groups(cfg)
     base_lrs = {name: lr for name, lr in base_lrs.items() if name in recorded}
     lrs = {name: lr for name, lr in lrs.items() if name in recorded}
@@ -143,8 +131,8 @@ def run_identity(args, meta, cfg, steps):
     if dtype == "auto":
         dtype = "bfloat16" if args.device == "cuda" else "float32"
     identity = {
-        "model": dataclasses.asdict(cfg),
-        "horizon": {"steps": steps, "batch_tokens": args.batch_tokens, "flops_budget": args.flops},
+        "model": flops.config_record(cfg),
+        "horizon": {"steps": steps, "batch_tokens": batch_tokens, "flops_budget": args.flops},
         "lrs": lrs,
         "base_lrs": base_lrs,
         "lr_rule": lr_rule | {"ref_tokens": tokens_ref, "final_lr_frac": args.final_lr_frac},
@@ -153,6 +141,9 @@ def run_identity(args, meta, cfg, steps):
         "data": data_identity(meta),
         "dtype": dtype,
     }
+    if not is_default_schedule(plan.recipe):
+        identity["schedule"] = {"recipe": plan.recipe.name, "warmup_frac": plan.recipe.warmup_frac,
+                                "decay": plan.recipe.decay}
     identity = json.loads(json.dumps(identity))  # through JSON, so it compares equal to what files hold
     return identity, run_id_of(identity)
 
@@ -264,7 +255,8 @@ def results_row(run, val_loss, extra_eval, world):
     count (flops.summary), the horizon, the losses, LRs, throughput, the data, the identity and its run_id; all
     that fit_laws.py needs of a run. train.py appends it to --results and writes it as final.json."""
     args, meta, progress = run.args, run.meta, run.progress
-    n_tokens = run.steps * args.batch_tokens
+    n_tokens = run.horizon.steps * run.horizon.batch_tokens
+    flops_actual = run.summary["flops_per_token"] * n_tokens  # forward + backward, what a budget prices
     tokens_per_s = progress["tokens_per_s"]
     mfu = None
     if tokens_per_s:
@@ -275,7 +267,9 @@ def results_row(run, val_loss, extra_eval, world):
     data_meta["dir"] = str(Path(args.data).resolve())
     data_meta["epochs"] = run.train_loader.row / max(1, meta["train_rows"])
     return run.summary | dict(
-        tokens=n_tokens, steps=run.steps, flops_actual=run.summary["flops_per_token"] * n_tokens,
+        tokens=n_tokens, steps=run.horizon.steps, flops_actual=flops_actual,
+        flops_measured=flops.measured_flops(run.cfg, n_tokens, run.horizon.steps), batch_tokens=run.horizon.batch_tokens,
+        recipe=run.recipe.name, tokens_target=run.horizon.tokens_target, d0=run.recipe.d0,
         val_loss=val_loss, train_loss=progress["train_loss"], **extra_eval, eval_rows=run.identity["eval_rows"],
         seed=args.seed, tokens_per_s=tokens_per_s, mfu=mfu, wall_s=progress["wall_s"] + time.time() - run.t_start,
         compile_s=run.compile_s, lrs=run.identity["lrs"], base_lrs=run.identity["base_lrs"],
@@ -394,7 +388,7 @@ def compile_or_eager(model, batch_rows, seq_len):
     device = next(model.parameters()).device
     compiled = model
     if device.type == "cpu":
-        for block in all_blocks(model):
+        for block in model.blocks():
             block.forward = torch.compile(block.forward)  # an instance attribute: state_dict keys unchanged
     else:
         compiled = torch.compile(model)
@@ -411,13 +405,9 @@ def compile_or_eager(model, batch_rows, seq_len):
     return compiled, time.time() - t0
 
 
-def all_blocks(model):
-    return [*model.prelude, *model.recur, *model.coda]
-
-
 def eager_blocks(model):
     """Undo compile_or_eager's CPU compilation: each block's forward is its class's again."""
-    for block in all_blocks(model):
+    for block in model.blocks():
         block.__dict__.pop("forward", None)
 
 

@@ -39,7 +39,7 @@ cd "$(dirname "$0")"
 
 # ---------------------------------------------------------------------------------------------
 # The grids, as data: their names (the one list), then their cells. A cell is "budget:widths"; widths s give d = 64 s.
-GRIDS="paper trunc hyper depth18 depth24 cpu-micro cpu-micro-trunc cpu-micro-hyper cpu-micro-layout cpu-micro-lr cpu-micro-seeds smoke"
+GRIDS="paper trunc hyper depth18 depth24 truncate-or-not cpu-micro cpu-micro-trunc cpu-micro-hyper cpu-micro-layout cpu-micro-lr cpu-micro-seeds cpu-truncate-or-not smoke"
 PAPER_CELLS=(            # Table 7: 29 (budget, width) cells, the same widths for every r
   "4.64e17:6 8 10 12"
   "1e18:6 8 10 12 14"
@@ -87,6 +87,30 @@ CPU_MICRO_SEEDS="1"
 SMOKE_CELLS=("3e9:0.25 0.5" "1e10:0.25 0.5")
 PAPER_R="1 2 4 8"
 
+# Truncate or Not?'s scaling suite (their §4.1, Table 2, App. F-G): fixed-N models, so a (T, B) setting changes the
+# compute and not the model; T forward loops, the last B trained. Sizes "name:scale:prelude/recur/coda" (N and
+# N_rec/N as Table 2: 57.8M 0.510 ... 918.7M 0.505). Budgets are target tokens in units of D0 = 2^30; the batch,
+# the steps and the LR follow from them (--recipe truncate-or-not). [decision] The suite as the paper describes it:
+# the ten core settings at every size and level, (8, 1) at the fitting levels, T = 16 with B in {1, 4, 8, 16} at
+# 120M/240M/480M and 2, 4, 8 D0; fitting levels at ~9/18/37/74 tokens per parameter (1B: three, 64 D0 is past
+# Table 13), test levels below and above them for the core settings (fit_laws.py tells fit from test by tokens
+# per parameter). 355 configurations (the paper's five-size grid: 343).
+TON_SIZES=("60M:12:2/4/2" "120M:16:2/5/2" "240M:20:3/6/3" "480M:26:3/7/4" "1B:34:4/8/4")
+TON_FIT_LEVELS=("60M:0.5 1 2 4" "120M:1 2 4 8" "240M:2 4 8 16" "480M:4 8 16 32" "1B:8 16 32")
+TON_TEST_LEVELS=("60M:0.25 8 16 32" "120M:0.5 16 32" "240M:1 32" "480M:2" "1B:4")
+TON_CORE="1:1 2:1 2:2 4:1 4:2 4:3 4:4 8:2 8:4 8:8"
+TON_FIT_EXTRA="8:1"
+TON_T16_SIZES="120M 240M 480M"
+TON_T16_LEVELS="2 4 8"
+TON_T16="16:1 16:4 16:8 16:16"
+# The same study at CPU scale (cpu-truncate-or-not): the in-repo micro-corpus, three fixed-N sizes in a 1/2/1 layout
+# (d = 16, 24, 32, head dim 8: N = 13.0k, 29.1k, 51.6k, N_rec/N 0.52), the ten core settings. D0 = 2^18 tokens and
+# 16 sequences of 128 tokens at D0 keep Table 13's shape: 88-1,024 steps of 1,536-8,192 tokens. Fitting levels at
+# ~10/20/40/80 tokens per parameter, one test level below each size's and one above the smallest's.
+CPU_TON_SIZES=("d16:0.25:1/2/1" "d24:0.375:1/2/1" "d32:0.5:1/2/1")
+CPU_TON_FIT_LEVELS=("d16:0.5 1 2 4" "d24:1 2 4 8" "d32:2 4 8 16")
+CPU_TON_TEST_LEVELS=("d16:0.25 8" "d24:0.5" "d32:1")
+
 # Train flags per grid (model shape, data, LR re-anchoring for the CPU scale).
 # The GPU grids evaluate every run on the paper's 34,560 validation rows (~70.8M tokens, §4.1).
 # The LR rule is re-anchored at the micro reference (d = 32, B = 2048, D = 5e5, as App. E anchors the paper at s = 10) with the
@@ -94,6 +118,8 @@ PAPER_R="1 2 4 8"
 # dev/results/lr_calibration.txt); the exponents and AdamW bases stay the paper's.
 GPU_FLAGS="--eval-rows 34560"
 CPU_MICRO_FLAGS="--head-dim 8 --batch-tokens 2048 --ref-width 32 --ref-batch 2048 --ref-tokens 5e5 --lr-matrix 0.056 --lr-norm 0.15 --eval-rows 1024 --log-every 50"
+TON_FLAGS="--recipe truncate-or-not $GPU_FLAGS"
+CPU_TON_FLAGS="--recipe truncate-or-not --d0 262144 --batch-at-d0 16 --head-dim 8 --seq-len 128 --ref-width 32 --ref-batch 2048 --ref-tokens 5e5 --lr-matrix 0.056 --lr-norm 0.15 --eval-rows 1024 --log-every 50"
 SMOKE_FLAGS="--head-dim 8 --depth 6 --prelude 1 --coda 1 --batch-tokens 512 --ref-width 32 --ref-batch 512 --ref-tokens 2e4 --eval-rows 64 --log-every 10"
 
 # ---------------------------------------------------------------------------------------------
@@ -141,9 +167,47 @@ RESULTS="$OUT/results.jsonl"
 # values_for KEY "K:V"...: the Vs of the entries whose K is KEY (the extra widths of a budget, an r's LR).
 values_for() { local key="$1" e out=""; shift; for e in "$@"; do [ "${e%%:*}" = "$key" ] && out="$out ${e#*:}"; done; echo "${out# }"; }
 
+# The fixed-N (T, B) suite's lines (truncate-or-not, cpu-truncate-or-not): for each size and level, its settings.
+# SETTINGS "T:B ..." at LEVEL (D/D0) of SIZE "name:scale:p/r/c"; the name holds size, setting and level.
+fixed_n_lines() {  # size, "levels", "settings", flags, D0
+  local name scale layout prelude recur coda level setting T B tokens
+  IFS=: read -r name scale layout <<< "$1"
+  IFS=/ read -r prelude recur coda <<< "$layout"
+  for level in $2; do
+    tokens=$(awk -v l="$level" -v d0="$5" 'BEGIN { printf "%.0f", l * d0 }')
+    for setting in $3; do
+      T="${setting%%:*}"; B="${setting#*:}"
+      echo "${name}_T${T}B${B}_D${level}|--r $T --r-bwd $B --scale $scale --prelude $prelude --recur $recur --coda $coda --tokens $tokens $4"
+    done
+  done
+}
+
+truncate_or_not_lines() {  # the suite of the paper (truncate-or-not) or of the CPU (cpu-truncate-or-not)
+  local size name
+  if [ "$GRID" = cpu-truncate-or-not ]; then
+    for size in "${CPU_TON_SIZES[@]}"; do
+      name="${size%%:*}"
+      fixed_n_lines "$size" "$(values_for "$name" "${CPU_TON_FIT_LEVELS[@]}") $(values_for "$name" "${CPU_TON_TEST_LEVELS[@]}")" "$TON_CORE" "$CPU_TON_FLAGS" 262144
+    done
+    return 0
+  fi
+  for size in "${TON_SIZES[@]}"; do
+    name="${size%%:*}"
+    fixed_n_lines "$size" "$(values_for "$name" "${TON_FIT_LEVELS[@]}")" "$TON_CORE $TON_FIT_EXTRA" "$TON_FLAGS" 1073741824
+    fixed_n_lines "$size" "$(values_for "$name" "${TON_TEST_LEVELS[@]}")" "$TON_CORE" "$TON_FLAGS" 1073741824
+    if [[ " $TON_T16_SIZES " == *" $name "* ]]; then
+      fixed_n_lines "$size" "$TON_T16_LEVELS" "$TON_T16" "$TON_FLAGS" 1073741824
+    fi
+  done
+}
+
 # One line per run: name | train.py flags (without data/out/results).
 plan_lines() {
   local cells=() extra=() rs="$PAPER_R" flags="$GPU_FLAGS" variant="" tag=""
+  if [[ "$GRID" == *truncate-or-not ]]; then  # fixed-N sizes at token levels, not iso-depth cells
+    truncate_or_not_lines
+    return 0
+  fi
   if [ "$GRID" = cpu-micro-seeds ]; then  # a list of runs, not cells: each r at its own width
     local run budget r s seed
     for run in "${CPU_MICRO_SEED_RUNS[@]}"; do
@@ -195,7 +259,7 @@ plan_lines() {
 # smoke read sources the repository ships (data/), so a missing $DATA is built before the first run
 # (DATA_IN_REPO=1); the GPU grids download FineWeb-Edu (~2 GB a shard), which the sweep only names.
 case "$GRID" in
-  cpu-micro*) DATA_DEFAULT=data/micro-2k; DATA_IN_REPO=1
+  cpu-micro*|cpu-truncate-or-not) DATA_DEFAULT=data/micro-2k; DATA_IN_REPO=1
               DATA_FLAGS="--source data/micro-corpus --vocab-size 2048 --seq-len 128 --val-fraction 0.02" ;;
   smoke)      DATA_DEFAULT=data/smoke; DATA_IN_REPO=1
               DATA_FLAGS="--source data/fineweb-edu-sample/shard_00000.parquet data/fineweb-edu-sample/shard_00001.parquet --val-shards 1 --vocab-size 512 --seq-len 64" ;;
@@ -207,11 +271,12 @@ data_command() { echo "prepare_data.py $DATA_FLAGS --out $DATA"; }
 # A subset of the plan: the runs whose --flops is one of BUDGETS and whose --r is one of RS (as the grid writes
 # them), or all of them. A value that no planned run has is refused: a typo must not quietly run nothing.
 select_lines() {
-  local line value kept=()
-  for value in $BUDGETS; do planned_value --flops "$value"; done
+  local line value kept=() budget_flag=--flops
+  if [[ "$GRID" == *truncate-or-not ]]; then budget_flag=--tokens; fi  # token horizons: --budgets takes tokens
+  for value in $BUDGETS; do planned_value "$budget_flag" "$value"; done
   for value in $RS; do planned_value --r "$value"; done
   for line in "${LINES[@]}"; do
-    if [ -n "$BUDGETS" ] && [[ " $BUDGETS " != *" $(flag_value "$line" --flops) "* ]]; then continue; fi
+    if [ -n "$BUDGETS" ] && [[ " $BUDGETS " != *" $(flag_value "$line" "$budget_flag") "* ]]; then continue; fi
     if [ -n "$RS" ] && [[ " $RS " != *" $(flag_value "$line" --r) "* ]]; then continue; fi
     kept+=("$line")
   done
@@ -290,7 +355,9 @@ run_fit() {  # fit_laws.py over the results into $OUT/fit (report.txt, fit.json,
     return 0  # one budget: no law to fit; dev/study_tables.py reads the seed spread
   fi
   mkdir -p "$OUT/fit"
-  if "$PYTHON" fit_laws.py "$RESULTS" --json "$OUT/fit/fit.json" --plots "$OUT/fit" > "$OUT/fit/report.txt" 2> "$OUT/fit/fit.err"; then
+  local law=iso-depth
+  if [[ "$GRID" == *truncate-or-not ]]; then law=truncate-or-not; fi  # fixed-N (T, B) suites: their law
+  if "$PYTHON" fit_laws.py "$RESULTS" --law "$law" --json "$OUT/fit/fit.json" --plots "$OUT/fit" > "$OUT/fit/report.txt" 2> "$OUT/fit/fit.err"; then
     cat "$OUT/fit/report.txt"
     return 0
   fi
@@ -595,11 +662,13 @@ wait_for_slot() {  # sets SLOT to a free slot index (no subshell: SLOT_PID must 
 trap 'echo "sweep.sh: interrupted; running jobs checkpoint on SIGTERM, rerun to resume" >&2; kill -TERM $(jobs -p) 2>/dev/null; wait; exit 130' INT TERM
 
 # Longest runs first, so that the slots finish together instead of one slot running the largest budget alone at
-# the end (greedy longest-processing-time scheduling). A run's wall time grows with its budget and, at one
-# budget, falls with width (fewer, slightly slower steps); the grids list widths in ascending order, so a
-# stable sort on --flops, largest first, is that order. The plan, --print and SLURM's array keep the grid's.
-mapfile -t RUN_ORDER < <(for line in "${LINES[@]}"; do echo "$(flag_value "$line" --flops) $line"; done |
-                         sort -s -g -r -k1,1 | cut -d' ' -f2-)
+# the end (greedy longest-processing-time scheduling). A run's wall time grows with its compute (plan.txt's F*D,
+# flops.py's) and, at one compute, falls with width (fewer, slightly slower steps); the grids list widths in
+# ascending order, so a stable sort on F*D, largest first, is that order. The plan, --print and SLURM's array keep
+# the grid's.
+mapfile -t RUN_ORDER < <(for line in "${LINES[@]}"; do
+                           echo "$(awk -v name="${line%%|*}" '$1 == name { print $11 }' "$OUT/plan.txt") $line"
+                         done | sort -s -g -r -k1,1 | cut -d' ' -f2-)
 
 for line in "${RUN_ORDER[@]}"; do
   name="${line%%|*}"; flags="${line#*|}"

@@ -26,6 +26,7 @@ from pathlib import Path
 import flops
 from common import DataError, fail, one_line_errors, positive_int, read_rows
 from dataloader import read_meta
+from recipe import add_horizon_args, add_recipe_args, plan_horizon, recipe_from_args
 
 # train.py's dtype "auto" is bf16 on GPU and fp32 on CPU, and the dtype is part of a run's identity: a row
 # is this run's if it has the run_id of either device (--todo asks for the one its tasks will run on).
@@ -76,13 +77,14 @@ def plan_runs(lines, data_dir, devices=DEVICES, world=1):
         for device in devices:  # --data first and --device last, as sweep.sh's train.py commands have them
             args = parse_flags(parser, name, ["--data", data_dir, *flags.split(), "--device", device])
             try:
-                cfg, steps, _ = plan_run(args, meta, world)
-                _, run_ids[device] = run_identity(args, meta, cfg, steps)
+                plan = plan_run(args, meta, world)
+                _, run_ids[device] = run_identity(args, meta, plan)
             except ValueError as e:
                 raise DataError(f"plan line {name}: {e}") from None
-        per_token = flops.flops_per_token(cfg)
-        planned.append(PlannedRun(name, run_ids, args.batch_tokens, per_token,
-                                  per_token * steps * args.batch_tokens))
+        per_token = flops.flops_per_token(plan.cfg)
+        horizon = plan.horizon
+        planned.append(PlannedRun(name, run_ids, horizon.batch_tokens, per_token,
+                                  per_token * horizon.steps * horizon.batch_tokens))
     if not planned:
         raise DataError("no plan lines on stdin (expected 'name|train.py flags')")
     return planned
@@ -384,55 +386,80 @@ def achieved_rate(results):
     return sum(rates) / len(rates), f"mean achieved rate of the {len(rates)} runs in {results}"
 
 
+def plan_parser():
+    """The flags of a plan line that fix its cost: the model, the horizon and the recipe (train.py's own, from
+    flops.py and recipe.py; train-only flags such as --eval-rows are not its business and are passed over)."""
+    parser = argparse.ArgumentParser(prog="flops.py --plan", add_help=False)
+    flops.add_model_args(parser)
+    add_horizon_args(parser)
+    add_recipe_args(parser)
+    return parser
+
+
+def priced_line(parser, line, data_shape, strict):
+    """(name, cfg, Horizon, its recipe) of one "name|train.py flags" plan line; ValueError naming the line."""
+    name, _, flags = line.rstrip("\n").partition("|")
+    args, _ = parser.parse_known_args(flags.split())
+    if args.flops is None and args.tokens is None:
+        raise ValueError(f"plan line {name!r} has no --flops or --tokens horizon")
+    try:
+        cfg = flops.config_from_args(args, *data_shape)
+        recipe = recipe_from_args(args)
+        return name, cfg, plan_horizon(args, cfg, recipe, strict), recipe, args.flops
+    except ValueError as e:
+        raise ValueError(f"plan line {name!r}: {e}") from None
+
+
 def price_plan(lines, data_dir, results, flops_per_s):
-    """Price a sweep plan: one "name|train.py flags" line per run (sweep.sh writes them). Prints the table, the
-    total compute and a wall-time estimate; returns an exit status (2: the data is short). The vocabulary and
-    sequence length are data_dir's meta.json's (without one, the flags', and the total says so). The largest
-    run must read no more than the data's train_tokens (data_shortfall names the shards to prepare) unless
-    ALLOW_REPEAT=1. The wall time is at flops_per_s, else at the mean achieved FLOP/s of the rows in `results`."""
+    """Price a sweep plan: one "name|train.py flags" line per run (sweep.sh writes them). Prints the table (each
+    run's budget: C in FLOPs, or D/D0 for a token horizon; its N, tokens, batch and steps; its forward/backward
+    compute F D and its measured compute, the optimiser's steps added: flops.measured_flops), the totals and a
+    wall-time estimate; returns an exit status (2: the data is short). The vocabulary and sequence length are
+    data_dir's meta.json's (without one, the flags', and the total says so). The largest run must read no more
+    than the data's train_tokens (data_shortfall names the shards to prepare) unless ALLOW_REPEAT=1. The wall time
+    is at flops_per_s, else at the mean achieved FLOP/s of the rows in `results`."""
     meta = read_data_meta(data_dir)
     data_shape = (None, None)  # the flags' vocabulary and sequence length unless the data has its own
     if meta:
         data_shape = (meta["vocab_size"], meta["seq_len"])
-    parser = argparse.ArgumentParser(prog="flops.py --plan", add_help=False)
-    flops.add_model_args(parser)
-    flops.budget_args(parser)
-    rows = []
-    for line in lines:
-        if not line.strip():
-            continue
-        name, _, flags = line.rstrip("\n").partition("|")
-        args, _ = parser.parse_known_args(flags.split())  # train-only flags (--eval-rows, ...) are not ours
-        if args.flops is None:
-            raise ValueError(f"plan line {name!r} has no --flops budget")
-        cfg = flops.config_from_args(args, *data_shape)
-        rows.append((name, cfg, flops.summary(cfg, args.flops, args.batch_tokens)))
+    parser = plan_parser()
+    rows = [priced_line(parser, line, data_shape, meta is not None) for line in lines if line.strip()]
     if not rows:
         raise ValueError("no plan lines on stdin (expected 'name|train.py flags')")
-    print(f"{'run':<34}{'r':>3}{'r_bwd':>6}{'s':>6}{'budget C':>11}{'N':>14}{'tokens D':>16}{'steps':>8}{'F*D':>12}")
-    for name, cfg, out in rows:
-        print(f"{name:<34}{cfg.r:>3}{cfg.r_bwd:>6}{cfg.scale:>6g}{out['flops_budget']:>11.3g}{out['n_params']:>14,}"
-              f"{out['tokens']:>16,}{out['steps']:>8,}{out['flops_actual']:>12.3e}")
-    total = sum(out["flops_actual"] for _, _, out in rows)
+    print(f"{'run':<30}{'r':>3}{'r_bwd':>6}{'s':>7}{'C':>10}{'D/D0':>7}{'N':>15}{'tokens D':>16}{'batch':>8}"
+          f"{'steps':>8}{'F*D':>11}{'measured':>11}")
+    totals = [0.0, 0.0]
+    for name, cfg, horizon, recipe, budget in rows:
+        tokens = horizon.steps * horizon.batch_tokens
+        spent = [flops.flops_per_token(cfg) * tokens, flops.measured_flops(cfg, tokens, horizon.steps)]
+        totals = [a + b for a, b in zip(totals, spent)]
+        budget_text, level = "-", f"{horizon.tokens_target / recipe.d0:g}"
+        if budget is not None:  # a FLOP budget; D/D0 is for a token horizon
+            budget_text, level = f"{budget:.3g}", "-"
+        print(f"{name:<30}{cfg.r:>3}{cfg.r_bwd:>6}{cfg.scale:>7g}{budget_text:>10}{level:>7}"
+              f"{flops.param_counts(cfg)['n_params']:>15,}{tokens:>16,}{horizon.batch_tokens // cfg.seq_len:>8,}"
+              f"{horizon.steps:>8,}{spent[0]:>11.3e}{spent[1]:>11.3e}")
     where_shape = ""
     if not meta:
         where_shape = f" (vocab/seq-len from flags: {data_dir or '--data'}/meta.json not found)"
-    print(f"{len(rows)} runs, total compute {total:.3e} FLOPs{where_shape}")
+    print(f"{len(rows)} runs, total compute {totals[0]:.3e} FLOPs{where_shape}, {totals[1]:.3e} measured "
+          f"(with the optimiser)")
     if flops_per_s:
         rate, source = flops_per_s, "given --flops-per-s"
     else:
         rate, source = achieved_rate(results)
     if rate:
-        print(f"estimated wall time {total / rate / 3600:,.1f} h at {rate:.3e} FLOP/s per run slot ({source})")
+        print(f"estimated wall time {totals[0] / rate / 3600:,.1f} h at {rate:.3e} FLOP/s per run slot ({source})")
     else:
         print("estimated wall time: give --flops-per-s (e.g. 8 x 989e12 x MFU for one 8-GPU node) "
               "or run a few configurations first")
-    largest = max(rows, key=lambda row: row[2]["tokens"])
+    largest = max(rows, key=lambda row: row[2].steps * row[2].batch_tokens)
+    largest_tokens = largest[2].steps * largest[2].batch_tokens
     if meta:
-        short = data_shortfall(largest[2]["tokens"], meta, data_dir)
+        short = data_shortfall(largest_tokens, meta, data_dir)
         if short is None:
             print(f"data: {data_dir} holds {meta['train_tokens']:,} training tokens, the largest run "
-                  f"({largest[0]}) reads {largest[2]['tokens']:,}")
+                  f"({largest[0]}) reads {largest_tokens:,}")
         elif os.environ.get("ALLOW_REPEAT") == "1":
             print(f"data (ALLOW_REPEAT=1): {short.split(': prepare')[0]}; runs will repeat data")
         else:

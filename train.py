@@ -37,7 +37,8 @@ from common import DataError, append_row, atomic_write
 from dataloader import RowLoader, load_tokenizer, read_meta
 from engine import sample_texts
 from model import GPT
-from muonh import build_optimizers, lr_multiplier
+from muonh import build_optimizers
+from recipe import Horizon, Recipe, lr_multiplier
 from runs import (compile_or_eager, eager_blocks, finished_row, load_run_model, open_outputs, plan_run,
                   restore_checkpoint, results_row, run_identity, save_checkpoint, settle, train_parser)
 
@@ -79,7 +80,8 @@ class Run:
     args: argparse.Namespace
     meta: dict                      # the prepared data's meta.json
     cfg: flops.ModelConfig
-    steps: int
+    recipe: Recipe                  # its batch rule and LR schedule (recipe.py)
+    horizon: Horizon                # steps, batch_tokens, tokens_target
     device_batch: int               # rows per micro-batch per rank (--device-batch, or plan_run's choice)
     identity: dict                  # what makes two runs the same run (runs.run_identity)
     run_id: str                     # its sha256
@@ -117,15 +119,16 @@ def main(argv=None):
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:  # bad data, layout, horizon, LR settings or tokenizer: one line
         meta = read_meta(args.data, verify=False)  # keys and sizes; checksums below, for a run not done
-        cfg, steps, device_batch = plan_run(args, meta, WORLD)
-        identity, run_id = run_identity(args, meta, cfg, steps)
+        plan = plan_run(args, meta, WORLD)
+        identity, run_id = run_identity(args, meta, plan)
         tokenizer = load_tokenizer(args.data) if args.sample else None  # --sample's file, checked before the compute
     except ValueError as e:
         fail(str(e))
     if identity["eval_rows"] < args.eval_rows:
         print0(f"train.py: --eval-rows {args.eval_rows} is more than the {meta['val_rows']} validation rows of "
                f"{args.data}: evaluating all {identity['eval_rows']}", file=sys.stderr)
-    budget = f"C{args.flops:.3g}" if args.flops else f"steps{steps}"
+    cfg = plan.cfg
+    budget = f"C{args.flops:.3g}" if args.flops else f"steps{plan.horizon.steps}"
     run_name = f"r{cfg.r}_s{cfg.scale:g}_rb{cfg.r_bwd}_{cfg.injection}_{budget}_seed{args.seed}"
     out = Path(args.out or f"runs/{run_name}")
     results = Path(args.results) if args.results else None
@@ -147,7 +150,8 @@ def main(argv=None):
         except BlockingIOError:
             print(f"busy: {out} is being trained by another process")
             return 75
-        run = Run(args, meta, cfg, steps, device_batch, identity, run_id, run_name, out, results, tokenizer)
+        run = Run(args, meta, cfg, plan.recipe, plan.horizon, plan.device_batch, identity, run_id, run_name, out,
+                  results, tokenizer)
         return train(run)
 
 
@@ -250,7 +254,7 @@ def resume(run):
         run.progress = restore_checkpoint(ckpt_path, run.device, run.run_id, run.identity, run.model, run.optimizers)
     except ValueError as e:
         fail(str(e))
-    print0(f"resumed {ckpt_path} at step {run.progress['step']}/{run.steps}")
+    print0(f"resumed {ckpt_path} at step {run.progress['step']}/{run.horizon.steps}")
 
 
 def checkpoint(run, elapsed):
@@ -285,11 +289,12 @@ def diverged(run, why):
 # 3. The training loop
 
 def print_header(run):
-    args, summary, n_tokens = run.args, run.summary, run.steps * run.args.batch_tokens
-    grad_accum = args.batch_tokens // run.cfg.seq_len // WORLD // run.device_batch
+    args, summary, batch_tokens = run.args, run.summary, run.horizon.batch_tokens
+    n_tokens = run.horizon.steps * batch_tokens
+    grad_accum = batch_tokens // run.cfg.seq_len // WORLD // run.device_batch
     lrs = ", ".join(f"{k} {v:.3g}" for k, v in run.identity["lrs"].items())
     print0(f"{run.name}: N {summary['n_params'] / 1e6:.2f}M (once {summary['n_once'] / 1e6:.2f}M, rec "
-           f"{summary['n_rec'] / 1e6:.2f}M), {run.steps} steps x {args.batch_tokens:,} tokens = {n_tokens:,} tokens, "
+           f"{summary['n_rec'] / 1e6:.2f}M), {run.horizon.steps} steps x {batch_tokens:,} tokens = {n_tokens:,} tokens, "
            f"{summary['flops_per_token'] * n_tokens:.3e} FLOPs, run_id {run.run_id[:12]}\n  {WORLD} x "
            f"{run.device_name}, {run.identity['dtype']}, attention {run.backend}, micro-batch {run.device_batch} rows "
            f"x {grad_accum} accumulation, LRs {lrs}")
@@ -301,7 +306,7 @@ def print_header(run):
 
 def train_step(run, step, grad_accum):
     """One optimiser step over grad_accum micro-batches at the scheduled LR; the loss averaged over ranks."""
-    lr_mult = lr_multiplier(step, run.steps, run.args.final_lr_frac)
+    lr_mult = lr_multiplier(step, run.horizon.steps, run.args.final_lr_frac, run.recipe.warmup_frac, run.recipe.decay)
     for opt in run.optimizers:
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * lr_mult
@@ -320,17 +325,17 @@ def train_step(run, step, grad_accum):
 
 
 def train_loop(run):
-    """Train to run.steps. Returns None when done, else the exit code (1 diverged, 143 interrupted)."""
+    """Train to run.horizon.steps. Returns None when done, else the exit code (1 diverged, 143 interrupted)."""
     args, progress = run.args, run.progress
-    run.summary = flops.summary(run.cfg, args.flops, args.batch_tokens)
+    run.summary = flops.summary(run.cfg, args.flops, run.horizon.batch_tokens)
     run.device_name = torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else "cpu"
     grad_accum = print_header(run)
     diverged_above = math.log(run.cfg.vocab_size) + DIVERGED_NATS
-    patience = max(1, min(DIVERGED_STEPS, run.steps // 10))
+    patience = max(1, min(DIVERGED_STEPS, run.horizon.steps // 10))
     run.t_start, timed_tokens, timed_seconds = time.time(), 0, 0.0
     if RANK == 0:  # log.jsonl, and the wandb run with --wandb
         run.log_file = tracking.RunLog(run.out, args.wandb, args.wandb_group, run.run_id, run.name, run.identity)
-    while progress["step"] < run.steps:
+    while progress["step"] < run.horizon.steps:
         t0 = time.time()
         train_loss, lr_mult = train_step(run, progress["step"], grad_accum)
         progress["train_loss"] = train_loss
@@ -343,18 +348,18 @@ def train_loop(run):
         run.model.zero_grad(set_to_none=True)
         progress["step"] += 1
         step, dt = progress["step"], time.time() - t0
-        if step > 1 or run.steps == 1:  # the first step pays for allocator warm-up
-            timed_tokens += args.batch_tokens
+        if step > 1 or run.horizon.steps == 1:  # the first step pays for allocator warm-up
+            timed_tokens += run.horizon.batch_tokens
             timed_seconds += dt
-        progress["tokens_per_s"] = timed_tokens / timed_seconds if timed_seconds else args.batch_tokens / dt
-        if RANK == 0 and (step % args.log_every == 0 or step == run.steps or step == 1):
-            log_progress(run, lr_mult, (run.steps - step) * timed_seconds / max(1, step - 1))
+        progress["tokens_per_s"] = timed_tokens / timed_seconds if timed_seconds else run.horizon.batch_tokens / dt
+        if RANK == 0 and (step % args.log_every == 0 or step == run.horizon.steps or step == 1):
+            log_progress(run, lr_mult, (run.horizon.steps - step) * timed_seconds / max(1, step - 1))
         stop = all_reduce_mean(float(STOP.is_set()), run.device) > 0  # every rank stops together
-        periodic = args.save_every and step % args.save_every == 0 and step < run.steps
+        periodic = args.save_every and step % args.save_every == 0 and step < run.horizon.steps
         if (stop or periodic) and not checkpoint(run, time.time() - run.t_start):
             return diverged(run, "the weights are no longer finite")
         if stop:
-            print0(f"train.py: interrupted at step {step}/{run.steps}; checkpoint saved to {run.out / 'ckpt.pt'}. "
+            print0(f"train.py: interrupted at step {step}/{run.horizon.steps}; checkpoint saved to {run.out / 'ckpt.pt'}. "
                    f"Rerun with --resume to continue.")
             return 143
     return None
@@ -364,13 +369,13 @@ def log_progress(run, lr_mult, eta):
     """One log.jsonl record and one progress line (tokens/s, GFLOP/s, MFU, ETA)."""
     progress, tokens_per_s = run.progress, run.progress["tokens_per_s"]
     mfu = flops.mfu(run.cfg, tokens_per_s, WORLD, run.device_name)
-    record = {"step": progress["step"], "steps": run.steps, "loss": progress["train_loss"], "lr_mult": lr_mult,
+    record = {"step": progress["step"], "steps": run.horizon.steps, "loss": progress["train_loss"], "lr_mult": lr_mult,
               "tokens_per_s": tokens_per_s, "mfu": mfu, "train_row": run.train_loader.row,
               "elapsed_s": progress["wall_s"] + time.time() - run.t_start}
     run.log_file.write(record)
     mfu_text = f"{100 * mfu:.1f}%" if mfu else "n/a"
     gflops = run.summary["flops_per_token"] * tokens_per_s / 1e9
-    print(f"step {progress['step']:>6}/{run.steps} | loss {progress['train_loss']:.4f} | lrm {lr_mult:.3f} | "
+    print(f"step {progress['step']:>6}/{run.horizon.steps} | loss {progress['train_loss']:.4f} | lrm {lr_mult:.3f} | "
           f"{tokens_per_s:,.0f} tok/s | {gflops:,.1f} GFLOP/s | mfu {mfu_text} | eta {eta / 60:.1f}m", flush=True)
 
 

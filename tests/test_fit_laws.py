@@ -25,7 +25,6 @@ import fit_laws as fl  # noqa: E402
 import laws  # noqa: E402
 import flops  # noqa: E402
 import synthetic_sweep as ss  # noqa: E402
-import truncate_law as tlaw  # noqa: E402
 
 EPOCH_CSV = epoch_chinchilla.EPOCH_CSV
 TRUTH = ss.TRUTH
@@ -232,7 +231,7 @@ def test_frontier_minimises_loss_over_the_width_family(sweep):
     for C in (1e18, 1e19):
         pt = laws.frontier_point(joint, fam, C, r=4, joint=True)
         # brute force over every even width with flops.py directly
-        best = min(float(fl.law_loss(joint, fam["n_once"][i], fam["n_rec"][i], 4, C / fam["F"][i]))
+        best = min(float(laws.law_loss(joint, fam["n_once"][i], fam["n_rec"][i], 4, C / fam["F"][i]))
                    for i in range(len(fam["N"])))
         assert pt["L_star"] <= best + 1e-9
         assert pt["L_star"] > best - 1e-3  # continuous width gains only a sliver over the even grid
@@ -274,68 +273,6 @@ def test_equivalence_reproduces_the_papers_r4_example():
     # phi = 1 would make the looped model worth its full compute; phi = 0 only its unique parameters
     assert fl.equivalence(4, 32, 0.0)["same_loss"]["N"] == pytest.approx(eq["N"])
     assert fl.equivalence(4, 32, 1.0)["same_loss"]["N"] > eq["same_flops"]["N"]
-
-
-# ---------------------------------------------------------------------------------------------
-# Truncate-or-not law (their §5-6, Table 5 and Table 9)
-
-PUBLISHED_G = {(1, 1): (1.00000, 1.00000), (2, 1): (1.18330, 1.09294), (2, 2): (1.91023, 1.46150),
-               (4, 1): (1.36498, 1.18505), (4, 2): (2.04945, 1.53209), (4, 4): (2.50361, 1.76236),
-               (8, 2): (2.17552, 1.59601), (8, 4): (2.57832, 1.80024), (8, 8): (2.80330, 1.91431),
-               (16, 16): (2.93895, 1.98308)}
-
-
-def test_looping_coefficient_reproduces_published_table():
-    c = tlaw.PUBLISHED
-    for (T, B), (g, neff_ratio) in PUBLISHED_G.items():
-        got = float(tlaw.g_loop(T, B, c["c"], c["p"], c["q"]))
-        assert got == pytest.approx(g, abs=2e-5)  # table values from unrounded coefficients
-        assert 1 - tlaw.RHO + tlaw.RHO * got == pytest.approx(neff_ratio, abs=5e-5)
-    # bounded gain: g saturates below e^c, and truncation discounts it
-    assert tlaw.g_loop(1e6, 1e6, c["c"], c["p"], c["q"]) < math.exp(c["c"])
-    assert tlaw.g_loop(8, 2, c["c"], c["p"], c["q"]) < tlaw.g_loop(8, 8, c["c"], c["p"], c["q"])
-
-
-def test_chi_table_reproduces_best_backward_loops():
-    table = tlaw.chi_table(tlaw.PUBLISHED, tlaw.RHO, (1, 2, 4, 8, 16))
-    got = [(t["T"], t["B_star"], round(t["chi_star"], 3), round(t["chi_full"], 3),
-            round(t["N_star_ratio"], 2), round(t["D_star_ratio"], 2)) for t in table]
-    assert got == [(1, 1, 1.0, 1.0, 1.0, 1.0), (2, 2, 1.031, 1.031, 1.0, 1.0), (4, 2, 1.204, 1.43, 1.27, 1.08),
-                   (8, 2, 1.58, 2.376, 1.51, 1.2), (16, 2, 2.343, 4.339, 1.7, 1.31)]
-    # chi's compute, 6 N_comp = 6 N_once + (2T + 4B) N_rec, is flops.py's training cost: with one layout,
-    # (T, B) = (4, 4) and (8, 2) cost the same per token and (8, 8) more
-    cost = lambda T, B: flops.flops_per_token(flops.ModelConfig(r=T, r_bwd=B, scale=8, prelude=2, recur=4, coda=2))
-    comp = lambda T, B: tlaw.chi(T, B, 0.5, tlaw.PUBLISHED) * (0.5 + 0.5 * tlaw.g_loop(T, B, 1.11198, 0.23677, 1.02181))
-    assert cost(4, 4) == cost(8, 2) < cost(8, 8) and comp(4, 4) == pytest.approx(comp(8, 2)) and comp(8, 8) > comp(8, 2)
-
-
-def _truncate_sweep(noise=0.004, seed=0):
-    """Fixed-N grid in truncate-or-not's style: custom prelude/recur/coda layouts, ten loop settings."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for s, (lp, lr, lc) in [(8, (2, 4, 2)), (12, (2, 5, 2)), (16, (3, 6, 3)), (20, (3, 6, 3)), (26, (3, 7, 4))]:
-        for T, B in [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (8, 8)]:
-            cfg = flops.ModelConfig(r=T, r_bwd=B, scale=s, prelude=lp, coda=lc, recur=lr)
-            for dm in (0.5, 1, 2, 4):
-                row = flops.summary(cfg)
-                D = dm * 2 ** 30
-                L = float(tlaw.truncate_law_loss(tlaw.PUBLISHED, row["n_once"], row["n_rec"], T, B, D))
-                row.update(tokens=D, flops_budget=row["flops_per_token"] * D,
-                           val_loss=L + noise * rng.standard_normal())
-                rows.append(row)
-    return fl.prepare_rows(rows)
-
-
-def test_truncate_law_fit_recovers_the_looping_coefficient():
-    rows = _truncate_sweep()
-    tl = tlaw.fit_truncate_law(rows, starts=16, workers=2)
-    assert tl["converged"] and tl["rmse"] < 0.006
-    for (T, B) in [(2, 1), (2, 2), (4, 4), (8, 2), (8, 8)]:
-        assert tlaw.g_loop(T, B, tl["c"], tl["p"], tl["q"]) == pytest.approx(PUBLISHED_G[(T, B)][0], rel=0.03)
-    assert tl["q"] > 2 * tl["p"]  # the condition under which full BPTT is optimal (their Lemma D.2)
-    held = tlaw.holdout(rows, "setting", starts=6, workers=2)
-    assert held["fits"] == 9 and held["converged_folds"] == 9
-    assert tl["rmse"] <= held["rmse"] < 0.02  # unseen loop settings are harder, but still predicted
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,8 +10,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from muonh import (ADAMW_BETAS, ADAMW_EPS, BASE_LRS, POLAR_EXPRESS_COEFFICIENTS, QUINTIC_COEFFICIENTS,
-                   REF_BATCH_TOKENS, REF_WIDTH, MuonH, build_optimizers, learning_rates, lr_multiplier,
-                   orthogonalise, polar_express_coefficients)
+                   REF_BATCH_TOKENS, REF_WIDTH, MuonH, build_optimizers, learning_rates, orthogonalise,
+                   polar_express_coefficients)
+from recipe import lr_multiplier
 
 D_REF_LOOPED = 1_016_083_200   # flops.reference_horizon(looped=True)
 D_REF_PLAIN = 983_315_200      # flops.reference_horizon(looped=False)
@@ -424,16 +425,3 @@ def test_transfer_factors_move_the_right_way():
         pytest.approx(0.014 * 2 ** -0.40)
     with pytest.raises(ValueError):
         learning_rates(**{**ref, "tokens": 0})
-
-
-def test_schedule_is_linear_from_one_to_a_tenth():
-    total = 11
-    values = [lr_multiplier(step, total) for step in range(total)]
-    assert values[0] == 1.0
-    assert values[-1] == pytest.approx(0.1)
-    steps = [b - a for a, b in zip(values, values[1:])]
-    assert steps == pytest.approx([-0.09] * (total - 1))                     # constant slope
-    assert lr_multiplier(50, 101) == pytest.approx(0.55)
-    assert lr_multiplier(200, 101) == pytest.approx(0.1)                     # clamped after the end
-    assert lr_multiplier(0, 1) == 1.0
-    assert lr_multiplier(9, 10, final_frac=0.0) == 0.0

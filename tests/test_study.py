@@ -216,8 +216,8 @@ def identities_from_sweep_flags(grid):
         data = row["identity"]["data"]
         meta = {**data, "packing": {"method": data["packing"]}, "val_rows": row["data_meta"]["val_rows"]}
         args = train.parse_args(line.split("train.py ")[1].split())
-        cfg, steps, _ = runs.plan_run(args, meta, 1)
-        recomputed[name] = (row, runs.run_identity(args, meta, cfg, steps)[1])
+        plan = runs.plan_run(args, meta, 1)
+        recomputed[name] = (row, runs.run_identity(args, meta, plan)[1])
     return recomputed
 
 

@@ -28,11 +28,15 @@ def sweep(*args, env=None, check=True):
 
 
 def plan_rows(grid):
+    """The runs of sweep.sh --plan's table: name, r, r_bwd, s, C (a FLOP budget, else None), D/D0 (a token
+    horizon's level, else None), N, tokens D, batch (sequences), steps, F*D and the measured compute."""
     out = sweep("--grid", grid, "--plan", env={"OUT": "/nonexistent", "DATA": "/nonexistent"}).stdout
-    rows = [line.split() for line in out.splitlines() if re.match(r"^r\d+_s", line)]
-    return [dict(name=c[0], r=int(c[1]), r_bwd=int(c[2]), s=float(c[3]), C=float(c[4]),
-                 N=int(c[5].replace(",", "")), D=int(c[6].replace(",", "")), steps=int(c[7].replace(",", "")),
-                 F=float(c[8])) for c in rows], out
+    lines = out.splitlines()
+    rows = [line.split() for line in lines[1:lines.index(next(x for x in lines if " runs, total compute " in x))]]
+    number = lambda text: None if text == "-" else float(text)  # noqa: E731
+    return [dict(name=c[0], r=int(c[1]), r_bwd=int(c[2]), s=float(c[3]), C=number(c[4]), level=number(c[5]),
+                 N=int(c[6].replace(",", "")), D=int(c[7].replace(",", "")), batch=int(c[8].replace(",", "")),
+                 steps=int(c[9].replace(",", "")), F=float(c[10]), measured=float(c[11])) for c in rows], out
 
 
 def test_paper_plan_is_table7_times_four_architectures_priced_by_flops_py():
@@ -49,6 +53,59 @@ def test_paper_plan_is_table7_times_four_architectures_priced_by_flops_py():
     total = sum(flops.tokens_for_budget(flops.ModelConfig(r=x["r"], scale=x["s"]), x["C"], 2 ** 18)["flops_actual"]
                 for x in rows)
     assert f"total compute {total:.3e}" in out
+
+
+# Truncate or Not? Table 2: the five sizes' d, layout, N and N_rec/N; Table 13: batch and steps per D/D0.
+TABLE2 = {"60M": (768, (2, 4, 2), 57.8e6, 0.510), "120M": (1024, (2, 5, 2), 115.4e6, 0.564),
+          "240M": (1280, (3, 6, 3), 239.2e6, 0.507), "480M": (1664, (3, 7, 4), 470.8e6, 0.506),
+          "1B": (2176, (4, 8, 4), 918.7e6, 0.505)}
+TABLE13 = {0.5: (48, 5464), 1: (64, 8192), 2: (88, 11920), 4: (128, 16384), 8: (176, 23832), 16: (256, 32768),
+           32: (352, 47664)}
+CORE = {(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 3), (4, 4), (8, 2), (8, 4), (8, 8)}
+
+
+def test_the_truncate_or_not_suite_is_table_2s_sizes_at_fixed_n_with_table_13s_batches():
+    """Each size's N and N_rec/N are Table 2's and the same for all of its (T, B); the ten core settings at every
+    size and level, (8, 1) at the fitting levels (~9/18/37/74 tokens per parameter), T = 16 with B in {1, 4, 8, 16}
+    only at 120M/240M/480M and 2-8 D0; every run's batch and steps are Table 13's for its D/D0."""
+    rows, out = plan_rows("truncate-or-not")
+    by_size = {}
+    for row in rows:
+        by_size.setdefault(row["name"].split("_")[0], []).append(row)
+    assert set(by_size) == set(TABLE2)
+    for size, (d, layout, n, share) in TABLE2.items():
+        cfg = flops.ModelConfig(r=1, scale=d / 64, prelude=layout[0], recur=layout[1], coda=layout[2])
+        counts = flops.param_counts(cfg)
+        assert round(counts["n_params"] / 1e5) == round(n / 1e5) and round(counts["n_rec"] / counts["n_params"], 3) == share
+        assert {row["N"] for row in by_size[size]} == {counts["n_params"]}
+        levels = {row["level"] for row in by_size[size]}
+        assert all({(row["r"], row["r_bwd"]) for row in by_size[size] if row["level"] == level} >= CORE
+                   for level in levels)
+        fitting = {row["level"] for row in by_size[size] if (row["r"], row["r_bwd"]) == (8, 1)}
+        assert len(fitting) >= 3 and all(6.5 < level * 2 ** 30 / counts["n_params"] < 105 for level in fitting)
+        assert levels - fitting and all(not 6.5 < level * 2 ** 30 / counts["n_params"] < 105 for level in levels - fitting)
+    sixteen = {(row["name"].split("_")[0], row["level"], row["r_bwd"]) for row in rows if row["r"] == 16}
+    assert sixteen == {(size, level, b) for size in ("120M", "240M", "480M") for level in (2, 4, 8) for b in (1, 4, 8, 16)}
+    for row in rows:
+        if row["level"] in TABLE13:
+            assert (row["batch"], row["steps"]) == TABLE13[row["level"]], row["name"]
+    assert len(rows) == 355 and "355 runs" in out
+
+
+def test_the_cpu_truncate_or_not_suite_is_three_fixed_n_sizes_in_the_ten_core_settings_at_four_levels():
+    rows, _ = plan_rows("cpu-truncate-or-not")
+    sizes = {}
+    for row in rows:
+        sizes.setdefault(row["name"].split("_")[0], []).append(row)
+    assert len(sizes) == 3
+    for size_rows in sizes.values():
+        assert len({row["N"] for row in size_rows}) == 1
+        n = size_rows[0]["N"]
+        levels = {row["level"] for row in size_rows}
+        fitting = {level for level in levels if 6.5 < level * 2 ** 18 / n < 105}
+        assert len(fitting) == 4
+        for level in levels:
+            assert {(row["r"], row["r_bwd"]) for row in size_rows if row["level"] == level} == CORE
 
 
 # The authors' case-study sweeps add one wider width per budget where the optimum moves wider, for

@@ -22,6 +22,7 @@ import common
 import dataloader
 import flops
 import muonh
+import recipe
 import runs
 import tracking
 import train
@@ -466,14 +467,14 @@ def test_compile_on_cpu_compiles_each_block_to_the_eager_loss_and_gradients(caps
     compiled, seconds = runs.compile_or_eager(model, 4, 32)
     assert capsys.readouterr().err == ""  # no fallback to eager
     assert compiled is model and seconds > 0
-    assert all("forward" in vars(block) for block in runs.all_blocks(model))  # each block's compiled forward
+    assert all("forward" in vars(block) for block in model.blocks())  # each block's compiled forward
     loss = compiled(x, y)
     loss.backward()
     assert abs(loss.item() - eager_loss.item()) < 1e-5
     for param, eager_grad in zip(model.parameters(), eager_grads):
         torch.testing.assert_close(param.grad, eager_grad, rtol=1e-4, atol=1e-6)
     runs.eager_blocks(model)
-    assert not any("forward" in vars(block) for block in runs.all_blocks(model))
+    assert not any("forward" in vars(block) for block in model.blocks())
     assert list(model.state_dict()) == keys
 
 
@@ -659,7 +660,7 @@ def test_budget_rounding_spends_within_the_tolerance(sample_data, tmp_path):
     assert run_inprocess(sample_data, tmp_path / "run", "--r", "2", "--flops", repr(budget)) == 0
     row = json.loads((tmp_path / "run" / "final.json").read_text())
     assert row["steps"] == 10 and row["flops_budget"] == budget
-    assert abs(row["flops_actual"] / budget - 1) <= runs.HORIZON_RTOL
+    assert abs(row["flops_actual"] / budget - 1) <= recipe.HORIZON_RTOL
 
 
 def test_eval_rows_beyond_the_split_are_said(sample_data, tmp_path, capsys):
