@@ -23,6 +23,7 @@ Sampling (the KV cache, generate()) is engine.py's.
 "The authors' code" below: nanochat/gpt.py of https://github.com/kschwethelm/looped-lm-scaling (their fork).
 """
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -34,6 +35,7 @@ from fused_loss import LinearSoftcapCrossEntropy
 from muonh import GROUP_NAMES
 
 LOGIT_SOFTCAP = 15.0  # nanochat's: logits stay in (-15, 15), computed in fp32
+EXIT_CRITERIA = ("kl", "latent")  # ExitRule.criterion
 NORM_EPS = 1e-6  # every RMSNorm's, the blocks', the model-level ones and QK-norm
 ROPE_BASE = 10000.0  # nanochat's
 
@@ -174,6 +176,25 @@ class Block(nn.Module):
     def forward(self, x, rope, backend, cache=None):
         x = x + self.attn(self.norm_1(x), rope, backend, cache)
         return x + self.mlp(self.norm_2(x))
+
+
+@dataclass(frozen=True)
+class ExitRule:
+    """Adaptive depth (Huginn's per-token exit, Geiping et al. 2025): a token stops looping after loop t once t >=
+    max(2, min_loops) and its criterion falls below `threshold`; no token runs more than max_loops (0: the trained
+    r). "kl": the KL divergence between the next-token distributions of loops t and t - 1 (the coda reads every
+    loop's state: a probe); "latent": the state's relative change ||s_t - s_(t-1)|| / ||s_t||, no probe.
+    Threshold 0 never exits: the fixed-r model."""
+    criterion: str = "kl"
+    threshold: float = 0.0
+    min_loops: int = 1
+    max_loops: int = 0
+
+    def __post_init__(self):
+        if self.criterion not in EXIT_CRITERIA or not self.threshold >= 0 or self.min_loops < 1 or self.max_loops < 0:
+            raise ValueError(f"exit rule: criterion one of {'|'.join(EXIT_CRITERIA)}, threshold >= 0, min loops >= 1, "
+                             f"max loops >= 0 (0: the trained r); got {self.criterion}, {self.threshold}, "
+                             f"{self.min_loops}, {self.max_loops}")
 
 
 class LoopWeights(nn.Module):
@@ -346,6 +367,37 @@ class GPT(nn.Module):
                 s = self.run_shared(self.inject(e, s, weights), rope, cache, weights)
         return s
 
+    def adaptive_recurrence(self, e, rope, rule, cache):
+        """The recurrence with a per-token exit (ExitRule). Every token of the batch runs each loop until all have
+        exited, but an exited token keeps its state, and the cache (engine.KVCache, which this needs) hands later
+        tokens its keys of the loop it exited at. Each token's loop count goes to cache.loops."""
+        if self.cfg.injection == "hyper":
+            raise ValueError("adaptive exit needs a state injection, not hyperconnections' lanes")
+        s = self.initial_state(e)
+        active = torch.ones(e.shape[:2], dtype=torch.bool, device=e.device)
+        loops = torch.zeros(e.shape[:2], dtype=torch.long, device=e.device)
+        previous = None  # the last loop's state (latent) or next-token log-probabilities (kl)
+        for t in range(rule.max_loops or self.cfg.r):
+            cache.active = active
+            weights = self.loop_weights(t)
+            s = torch.where(active[..., None], self.run_shared(self.inject(e, s, weights), rope, cache, weights), s)
+            loops += active
+            signal = self.probe(s, rope, cache) if rule.criterion == "kl" else s
+            if previous is not None and t + 1 >= rule.min_loops:
+                active = active & (exit_criterion(rule.criterion, signal, previous) >= rule.threshold)
+            previous = signal
+            if not active.any():
+                cache.skip_loops(t + 1)  # the loops left: every token holds its last keys
+                break
+        cache.active, cache.loops = None, loops
+        return s
+
+    def probe(self, s, rope, cache):
+        """Next-token log-probabilities of a loop's state: the coda and head on it, through the cache's probe slots."""
+        for block in self.coda:
+            s = block(s, rope, self.backend, cache)
+        return F.log_softmax(self.softcapped_logits(self.norm_final(s)), dim=-1)
+
     def hyper_recurrence(self, e, r, rope, cache=None):
         """Loop-level hyperconnections: K lanes start as e; step t reads u = sum_k alpha_t[k] lane_k,
         runs the block, and writes lanes <- M_t lanes + beta_t (x) s. The coda reads the lane sum.
@@ -383,12 +435,16 @@ class GPT(nn.Module):
             return logits
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
-    def final_hidden(self, idx, r, r_bwd, rope, cache=None):
-        """The normed last hidden state (B, T, d) of idx at r loops; `cache` (an engine.KVCache) when sampling."""
+    def final_hidden(self, idx, r, r_bwd, rope, cache=None, exit_rule=None):
+        """The normed last hidden state (B, T, d) of idx at r loops; `cache` (an engine.KVCache) when sampling;
+        exit_rule (ExitRule, with a cache): each token's own loop count instead of r."""
         x = self.norm_embed(self.wte(idx).to(embedding_dtype(idx.device.type) or self.wte.weight.dtype))
         for block in self.prelude:
             x = block(x, rope, self.backend, cache)
-        x = self.recurrence(x, r, r_bwd, rope, cache)
+        if exit_rule is None:
+            x = self.recurrence(x, r, r_bwd, rope, cache)
+        else:
+            x = self.adaptive_recurrence(x, rope, exit_rule, cache)
         for block in self.coda:
             x = block(x, rope, self.backend, cache)
         return self.norm_final(x)
@@ -398,3 +454,11 @@ class GPT(nn.Module):
         logits = self.lm_head(h).float()
         logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)  # soft-cap in fp32
         return logits[..., : self.cfg.vocab_size]  # the padding rows never win a softmax
+
+
+def exit_criterion(criterion, now, before):
+    """Per token, how much the last loop changed it: KL(p_t || p_(t-1)) of next-token log-probabilities (clamped
+    at 0 against rounding), or the state's relative change ||s_t - s_(t-1)|| / ||s_t||."""
+    if criterion == "kl":
+        return (now.exp() * (now - before)).sum(-1).clamp_min(0.0)
+    return (now - before).norm(dim=-1) / now.norm(dim=-1).clamp_min(1e-12)

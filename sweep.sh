@@ -8,6 +8,8 @@
 #   ./sweep.sh --grid smoke -- --eval-rows 32          # anything after -- goes to every train.py
 #   ./sweep.sh --grid cpu-micro --variant gated -- --injection gated   # a named variant: OUT runs/cpu-micro-gated,
 #                                                      # runs it shares with a finished grid are reused, not retrained
+#   ./sweep.sh --grid cpu-micro --variant rsi --r1-flags "" -- --random-state-init   # r = 1 runs get "" instead:
+#                                                      # a loop flag that means nothing there (dev/ablate.sh decides)
 #   ./sweep.sh --grid cpu-micro --budgets "5e11 5e12" --r "1 4"        # a subset of a grid's budgets and loop counts
 #   ./sweep.sh --grids                                 # the grid names
 #   ./sweep.sh --grid paper --slurm                    # submit the runs not done as a SLURM array, the fit after it
@@ -39,7 +41,7 @@ cd "$(dirname "$0")"
 
 # ---------------------------------------------------------------------------------------------
 # The grids, as data: their names (the one list), then their cells. A cell is "budget:widths"; widths s give d = 64 s.
-GRIDS="paper trunc hyper depth18 depth24 truncate-or-not cpu-micro cpu-micro-trunc cpu-micro-hyper cpu-micro-layout cpu-micro-lr cpu-micro-seeds cpu-truncate-or-not smoke"
+GRIDS="paper trunc hyper depth18 depth24 truncate-or-not cpu-micro cpu-micro-trunc cpu-micro-hyper cpu-micro-layout cpu-micro-lr cpu-micro-seeds cpu-truncate-or-not cpu-untied smoke"
 PAPER_CELLS=(            # Table 7: 29 (budget, width) cells, the same widths for every r
   "4.64e17:6 8 10 12"
   "1e18:6 8 10 12 14"
@@ -110,6 +112,12 @@ TON_T16="16:1 16:4 16:8 16:16"
 CPU_TON_SIZES=("d16:0.25:1/2/1" "d24:0.375:1/2/1" "d32:0.5:1/2/1")
 CPU_TON_FIT_LEVELS=("d16:0.5 1 2 4" "d24:1 2 4 8" "d32:2 4 8 16")
 CPU_TON_TEST_LEVELS=("d16:0.25 8" "d24:0.5" "d32:1")
+# Their Table 12 at CPU scale (cpu-untied): at ~18 tokens per parameter of the (2, 2) model, the untied model (each
+# loop its own block, W_inj and norm), (2, 2) at its width and (2, 2) widened to ~80% of its parameters (the width
+# whose head dim, even for RoPE, is nearest 8), seeds 0-2. "size:level:wider width:its head dim"; seed 0 of (2, 2)
+# is cpu-truncate-or-not's run of that name, reused.
+CPU_UNTIED_RUNS=("d16:1:18:6" "d24:2:28:4" "d32:4:36:6")
+CPU_UNTIED_SEEDS="0 1 2"
 
 # Train flags per grid (model shape, data, LR re-anchoring for the CPU scale).
 # The GPU grids evaluate every run on the paper's 34,560 validation rows (~70.8M tokens, §4.1).
@@ -129,9 +137,11 @@ EXTRA=()
 VARIANT=""
 BUDGETS=""
 RS=""
+R1_SET=""     # --r1-flags given: the r = 1 runs get R1_EXTRA in place of the flags after --
+R1_EXTRA=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --grid|--flops-per-s|--variant|--budgets|--r|--slurm-task) [ $# -ge 2 ] || { echo "sweep.sh: $1 needs a value" >&2; exit 2; } ;;&
+    --grid|--flops-per-s|--variant|--budgets|--r|--r1-flags|--slurm-task) [ $# -ge 2 ] || { echo "sweep.sh: $1 needs a value" >&2; exit 2; } ;;&
     --grid) GRID="$2"; shift 2 ;;
     --plan) MODE=plan; shift ;;
     --print) MODE=print; shift ;;
@@ -139,6 +149,7 @@ while [ $# -gt 0 ]; do
     --variant) VARIANT="$2"; shift 2 ;;
     --budgets) BUDGETS="$2"; shift 2 ;;
     --r) RS="$2"; shift 2 ;;
+    --r1-flags) R1_SET=1; R1_EXTRA="$2"; shift 2 ;;
     --slurm) MODE=slurm; shift ;;
     --status) MODE=status; shift ;;
     --slurm-task) MODE=slurm-task; TASKS_FILE="$2"; shift 2 ;;  # inside an array task (slurm_submit writes it)
@@ -201,11 +212,31 @@ truncate_or_not_lines() {  # the suite of the paper (truncate-or-not) or of the 
   done
 }
 
+untied_lines() {  # cpu-untied: for each size, seed: (2, 2), its untied model, (2, 2) wider; seed 0 unsuffixed
+  local run name level wide head size seed suffix
+  for run in "${CPU_UNTIED_RUNS[@]}"; do
+    IFS=: read -r name level wide head <<< "$run"
+    for size in "${CPU_TON_SIZES[@]}"; do [ "${size%%:*}" = "$name" ] && break; done
+    for seed in $CPU_UNTIED_SEEDS; do
+      suffix=""
+      if [ "$seed" != 0 ]; then suffix="_seed$seed"; fi
+      fixed_n_lines "$size" "$level" "2:2" "$CPU_TON_FLAGS --seed $seed" 262144 | sed "s/_D${level}|/_D${level}${suffix}|/"
+      fixed_n_lines "$size" "$level" "2:2" "$CPU_TON_FLAGS --seed $seed --untied" 262144 | sed "s/_D${level}|/_D${level}_untied${suffix}|/"
+      fixed_n_lines "$size" "$level" "2:2" "$CPU_TON_FLAGS --seed $seed --head-dim $head" 262144 |
+        sed "s/^${name}_\(.*\)|\(.*\)--scale [^ ]*/w${wide}_\1${suffix}|\2--scale $(awk -v w="$wide" 'BEGIN { print w / 64 }')/"
+    done
+  done
+}
+
 # One line per run: name | train.py flags (without data/out/results).
 plan_lines() {
   local cells=() extra=() rs="$PAPER_R" flags="$GPU_FLAGS" variant="" tag=""
   if [[ "$GRID" == *truncate-or-not ]]; then  # fixed-N sizes at token levels, not iso-depth cells
     truncate_or_not_lines
+    return 0
+  fi
+  if [ "$GRID" = cpu-untied ]; then
+    untied_lines
     return 0
   fi
   if [ "$GRID" = cpu-micro-seeds ]; then  # a list of runs, not cells: each r at its own width
@@ -259,7 +290,7 @@ plan_lines() {
 # smoke read sources the repository ships (data/), so a missing $DATA is built before the first run
 # (DATA_IN_REPO=1); the GPU grids download FineWeb-Edu (~2 GB a shard), which the sweep only names.
 case "$GRID" in
-  cpu-micro*|cpu-truncate-or-not) DATA_DEFAULT=data/micro-2k; DATA_IN_REPO=1
+  cpu-micro*|cpu-truncate-or-not|cpu-untied) DATA_DEFAULT=data/micro-2k; DATA_IN_REPO=1
               DATA_FLAGS="--source data/micro-corpus --vocab-size 2048 --seq-len 128 --val-fraction 0.02" ;;
   smoke)      DATA_DEFAULT=data/smoke; DATA_IN_REPO=1
               DATA_FLAGS="--source data/fineweb-edu-sample/shard_00000.parquet data/fineweb-edu-sample/shard_00001.parquet --val-shards 1 --vocab-size 512 --seq-len 64" ;;
@@ -296,9 +327,16 @@ select_lines
 
 # flops.py prices the plan (the single source of truth for N, D and FLOPs) and checks that the
 # prepared data covers the largest run; the flags after -- can change the horizon, so they go along.
+extra_for() {  # LINE: the flags after -- that its run gets; with --r1-flags, an r = 1 run gets those instead
+  if [ -n "$R1_SET" ] && [ "$(flag_value "$1" --r)" = 1 ]; then
+    echo "$R1_EXTRA"
+  else
+    echo "${EXTRA[*]}"
+  fi
+}
 plan_with_extra() {  # the plan lines with the flags after -- (what each train.py is given)
-  local line
-  for line in "${LINES[@]}"; do echo "$line${EXTRA[*]:+ ${EXTRA[*]}}"; done
+  local line extra
+  for line in "${LINES[@]}"; do extra=$(extra_for "$line"); echo "$line${extra:+ $extra}"; done
 }
 price_plan() {
   plan_with_extra | "$PYTHON" flops.py --plan --data "$DATA" --results "$RESULTS" ${FLOPS_PER_S:+--flops-per-s "$FLOPS_PER_S"}
@@ -330,9 +368,10 @@ reuse_candidates() {
 }
 
 train_args() {  # name, flags: train.py and its arguments for one run (what the launcher runs)
-  local name="$1" flags="$2" reuse="" sibling
+  local name="$1" flags="$2" reuse="" sibling extra
   for sibling in $(reuse_candidates "$name"); do reuse="$reuse--reuse-from $sibling "; done
-  local args="train.py --data $DATA --out $OUT/runs/$name --results $RESULTS --resume $reuse$flags${EXTRA[*]:+ ${EXTRA[*]}}"
+  extra=$(extra_for "$name|$flags")
+  local args="train.py --data $DATA --out $OUT/runs/$name --results $RESULTS --resume $reuse$flags${extra:+ $extra}"
   echo "$args${WANDB_PROJECT:+ --wandb $WANDB_PROJECT --wandb-group $GRID${VARIANT:+-$VARIANT}}"
 }
 
@@ -351,8 +390,8 @@ ensure_data() {  # $DATA/meta.json, built from the repository's sources for the 
 }
 
 run_fit() {  # fit_laws.py over the results into $OUT/fit (report.txt, fit.json, plots); non-zero if it failed
-  if [ "$GRID" = cpu-micro-seeds ]; then
-    return 0  # one budget: no law to fit; dev/study_tables.py reads the seed spread
+  if [ "$GRID" = cpu-micro-seeds ] || [ "$GRID" = cpu-untied ]; then
+    return 0  # no law to fit: dev/study_tables.py reads the seed spread, dev/untied_report.py the comparison
   fi
   mkdir -p "$OUT/fit"
   local law=iso-depth
@@ -457,8 +496,12 @@ slurm_sbatch() {  # tasks file, how many: the array and the fit job after it, re
   # shellcheck disable=SC2086  # SBATCH_ARGS is a list of options
   array=$(sbatch "${opts[@]}" ${SBATCH_ARGS:-} --wrap "$task_cmd") || { echo "sweep.sh: sbatch refused the array" >&2; exit 1; }
   array="${array%%;*}"  # --parsable: "id" or "id;cluster"
-  fit_cmd=$(printf 'exec env OUT=%q DATA=%q PYTHON=%q NO_FIT=%q bash %q --grid %q --slurm-fit --' "$OUT" "$DATA" \
+  fit_cmd=$(printf 'exec env OUT=%q DATA=%q PYTHON=%q NO_FIT=%q bash %q --grid %q --slurm-fit' "$OUT" "$DATA" \
             "$PYTHON" "${NO_FIT:-}" "$PWD/sweep.sh" "$GRID")
+  if [ -n "$R1_SET" ]; then
+    fit_cmd="$fit_cmd --r1-flags $(printf %q "$R1_EXTRA")"
+  fi
+  fit_cmd="$fit_cmd --"
   if [ "${#EXTRA[@]}" -gt 0 ]; then
     fit_cmd="$fit_cmd$(printf ' %q' "${EXTRA[@]}")"  # the identities of the missing-runs report need them
   fi

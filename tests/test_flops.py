@@ -71,6 +71,62 @@ FLOP_CASES = [(injection, 4, 4) for injection in flops.INJECTIONS] + [
     ("linear", 4, 2), ("linear", 8, 3), ("additive", 4, 1), ("additive", 2, 2), ("hyper", 8, 8), ("linear", 1, 1)]
 
 
+@pytest.mark.parametrize("injection", flops.UNTIED_INJECTIONS)
+def test_the_untied_model_counts_r_copies_of_the_loop_at_the_tied_models_flops(injection):
+    """Truncate or Not? App. E.2: every loop its own block, W_inj and loop norm: N_once + r N_rec (and r - 1 more
+    loop norms), exactly what model.py builds, at the same FLOPs per token, measured."""
+    tied = ModelConfig(r=3, scale=2, head_dim=32, prelude=1, recur=2, coda=1, vocab_size=500, seq_len=64,
+                       injection=injection)
+    untied = ModelConfig(**{**flops.config_record(tied), "untied": True})
+    tied_counts, counts = flops.param_counts(tied), flops.param_counts(untied)
+    model = GPT(untied)
+    assert non_embedding_params(model) == counts["n_params"]
+    assert counts["n_rec"] == 3 * tied_counts["n_rec"] + 2 * tied.d_model and counts["n_once"] == tied_counts["n_once"]
+    assert flops.flops_breakdown(untied) == flops.flops_breakdown(tied)
+    idx = torch.randint(0, untied.vocab_size, (2, untied.seq_len))
+    counter = FlopCounterMode(display=False)
+    with counter, sdpa_kernel(SDPBackend.MATH):
+        model(idx, idx).backward()
+    measured = {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}
+    assert measured["aten.mm"] == flops.flops_breakdown(untied)["matmul"] * idx.numel()
+
+
+def test_the_optimizer_term_is_the_newton_schulz_matmuls_muonh_runs():
+    """MuonH orthogonalises every matrix the model gives it (NS_ITERATIONS Newton-Schulz steps, counted by
+    FlopCounterMode on muonh.orthogonalise), one step for the whole model whatever its (T, B)."""
+    from muonh import POLAR_EXPRESS_COEFFICIENTS, orthogonalise
+    cfg = ModelConfig(r=4, scale=2, head_dim=32, prelude=1, recur=2, coda=1, vocab_size=500, seq_len=64)
+    assert flops.NS_ITERATIONS == len(POLAR_EXPRESS_COEFFICIENTS)
+    shapes = sorted(tuple(p.shape) for p in GPT(cfg).param_groups()["matrix"])
+    assert shapes == sorted(flops.muonh_matrices(cfg))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        for shape in shapes:
+            orthogonalise(torch.randn(shape), compute_dtype=torch.float32)
+    elementwise = sum(flops.MUONH_FLOPS_PER_PARAM * r * c for r, c in shapes)
+    counts = flops.param_counts(cfg)
+    elementwise += flops.ADAMW_FLOPS_PER_PARAM * (counts["n_params"] + counts["n_embedding"] - sum(r * c for r, c in shapes))
+    assert flops.optimizer_flops_per_step(cfg) == counter.get_total_flops() + elementwise
+    assert flops.optimizer_flops_per_step(ModelConfig(**{**flops.config_record(cfg), "r": 8, "r_bwd": 2})) == \
+        flops.optimizer_flops_per_step(cfg)
+
+
+# Truncate or Not? Table 6: (8, 2) and (4, 4) at 16 D0 (256 sequences of 2,048, 32,768 steps), measured compute.
+TABLE_6 = {(12, 2, 4, 2): 2.41, (16, 2, 5, 2): 4.59, (20, 3, 6, 3): 8.28, (26, 3, 7, 4): 15.29, (34, 4, 8, 4): 28.38}
+
+
+@pytest.mark.parametrize("layout, compute", TABLE_6.items())
+def test_measured_compute_is_table_6s_column(layout, compute):
+    """Their measured compute adds the optimiser (0.06-5.7%) to the passes: F D alone gives 2.410 ... 28.213e19; the
+    matmuls a FLOP counter sees plus the optimiser's steps give the column (F D + steps x optimizer would land 240M
+    on 8.29)."""
+    s, p, r, c = layout
+    for T, B in ((8, 2), (4, 4)):
+        cfg = ModelConfig(r=T, r_bwd=B, scale=s, prelude=p, recur=r, coda=c)
+        assert round(flops.measured_flops(cfg, 16 * 2 ** 30, 32768) / 1e19, 2) == compute
+        assert flops.flops_per_token(cfg) * 16 * 2 ** 30 < flops.measured_flops(cfg, 16 * 2 ** 30, 32768)
+
+
 @pytest.mark.parametrize("injection, r, r_bwd", FLOP_CASES)
 def test_matmul_flops_equal_flop_counter(injection, r, r_bwd):
     """Counted on a real forward+backward. Attention runs through SDPA's math backend so that its

@@ -181,3 +181,117 @@ def test_cache_on_gpu_matches_the_forward_in_fp32_and_runs_under_bf16_autocast()
         generator = torch.Generator("cuda").manual_seed(0)
         rows = generate(model, [prompt(9, 21), prompt(3, 22)], 12, temperature=0.8, top_k=10, generator=generator)
     assert (cached_bf16 - full_bf16).abs().max() < 0.1 and [len(row) for row in rows] == [12, 12]
+
+
+# ---------------------------------------------------------------------------------------------
+# Adaptive depth (model.ExitRule, engine.adaptive_forward): Huginn's per-token exit through the exact cache
+
+def adaptive_teacher_forced(model, idx, n_prompt, rule):
+    """Prefill idx[:, :n_prompt], then one token per call through the adaptive cache: (logits, loops)."""
+    from engine import adaptive_cache
+    cache = adaptive_cache(model, rule, [n_prompt] * idx.size(0), idx.size(1))
+    logits, loops = [], []
+    with torch.no_grad():
+        for start, end in [(0, n_prompt)] + [(t, t + 1) for t in range(n_prompt, idx.size(1))]:
+            logits.append(cached_forward(model, idx[:, start:end], cache, rule))
+            loops.append(cache.loops)
+    return torch.cat(logits, dim=1), torch.cat(loops, dim=1)
+
+
+@pytest.mark.parametrize("criterion", ["kl", "latent"])
+def test_a_threshold_of_0_is_the_fixed_r_model(criterion):
+    """No token settles below 0: every token runs the trained r loops, with the fixed model's logits and loss (the
+    probes of the KL criterion read the state and change nothing), and greedy generation is the fixed model's."""
+    from engine import adaptive_forward
+    from model import ExitRule
+    model = make(r=4, injection="linear")
+    idx = torch.randint(0, VOCAB, (2, SEQ_LEN), generator=torch.Generator().manual_seed(3))
+    rule = ExitRule(criterion, 0.0)
+    cache = KVCache(model.cfg, 4, [SEQ_LEN] * 2, SEQ_LEN)
+    with torch.no_grad():
+        logits, loops = adaptive_forward(model, idx, rule)
+        assert torch.equal(logits, cached_forward(model, idx, cache)) and bool((loops == 4).all())
+        assert (logits - model(idx)).abs().max() < 1e-5
+    prompts = [prompt(6, 4), prompt(3, 5)]
+    assert generate(model, prompts, 12, temperature=0, exit_rule=rule) == generate(model, prompts, 12, temperature=0)
+
+
+def varied_rule(model, idx, criterion):
+    """The exit rule (min 2 loops) at the largest threshold of a log grid whose tokens exit at >= 3 loop counts (the
+    largest: criteria far above float32's rounding, so that no token sits on the threshold by chance)."""
+    from engine import adaptive_forward
+    from model import ExitRule
+    for threshold in torch.logspace(1, -6, 36).tolist():
+        rule = ExitRule(criterion, threshold, min_loops=2)
+        if len(set(adaptive_forward(model, idx, rule)[1].flatten().tolist())) >= 3:
+            return rule
+    raise AssertionError(f"no threshold makes the {criterion} criterion exit tokens at different loops")
+
+
+@pytest.mark.parametrize("criterion", ["kl", "latent"])
+@pytest.mark.parametrize("injection", ["linear", "additive"])
+def test_the_adaptive_cache_is_exact_against_recomputing_everything(criterion, injection):
+    """Tokens exit at different loops (the threshold is set so that they do). An exited token keeps its state, and a
+    later token's layer at loop t reads its keys of the loop it exited at (Huginn's choice: its last computed
+    entry for that layer); the cache stores exactly that. So decoding token by token through the cache gives the
+    logits and loop counts of the whole sequence recomputed in one forward at every position, and cached greedy
+    generation gives the tokens of recomputing the whole context every step."""
+    from engine import adaptive_forward
+    model = make(r=8, injection=injection)
+    idx = torch.randint(0, VOCAB, (2, SEQ_LEN), generator=torch.Generator().manual_seed(6))
+    rule = varied_rule(model, idx, criterion)
+    with torch.no_grad():
+        full, full_loops = adaptive_forward(model, idx, rule)
+    cached, cached_loops = adaptive_teacher_forced(model, idx, 7, rule)
+    assert 2 <= full_loops.min() and full_loops.max() <= 8 and len(set(full_loops.flatten().tolist())) > 1
+    assert torch.equal(cached_loops, full_loops) and (cached - full).abs().max() < 1e-5
+    prompts = [prompt(5, 7), prompt(9, 8)]
+    assert generate(model, prompts, 10, temperature=0, exit_rule=rule) == \
+        generate(model, prompts, 10, temperature=0, exit_rule=rule, use_cache=False)
+
+
+def test_an_exited_token_keeps_its_state_and_hands_later_tokens_its_last_keys():
+    """The first token attends only to itself, so after exiting at loop k its logits are the fixed model's at r = k;
+    every later loop's slot of each of its layers holds its loop-k keys and values."""
+    from engine import adaptive_cache, adaptive_forward
+    model = make(r=8, injection="linear")
+    idx = torch.randint(0, VOCAB, (2, SEQ_LEN), generator=torch.Generator().manual_seed(10))
+    rule = varied_rule(model, idx, "latent")
+    cache = adaptive_cache(model, rule, [SEQ_LEN] * 2, SEQ_LEN)
+    with torch.no_grad():
+        logits = cached_forward(model, idx, cache, rule)
+        assert torch.equal(logits, adaptive_forward(model, idx, rule)[0])
+        for row in range(2):
+            k = int(cache.loops[row, 0])
+            assert (logits[row, 0] - model(idx[row:row + 1, :1], r=k)[0, 0]).abs().max() < 1e-5
+    prelude, recur = model.cfg.prelude, model.cfg.recur
+    row, col = torch.nonzero(cache.loops < 8)[0].tolist()
+    k = int(cache.loops[row, col])
+    for t in range(k, 8):
+        for j in range(recur):
+            exited, later = cache.slots[prelude + (k - 1) * recur + j], cache.slots[prelude + t * recur + j]
+            assert torch.equal(cache.k[later, row, :, col], cache.k[exited, row, :, col])
+            assert torch.equal(cache.v[later, row, :, col], cache.v[exited, row, :, col])
+
+
+def test_a_higher_threshold_spends_fewer_loops_within_the_bounds():
+    from engine import adaptive_forward
+    from model import ExitRule
+    model = make(r=8, injection="linear")
+    idx = torch.randint(0, VOCAB, (2, SEQ_LEN), generator=torch.Generator().manual_seed(9))
+    spent = [adaptive_forward(model, idx, ExitRule("latent", t))[1].float().mean().item() for t in (0.0, 0.1, 0.3, 1.0)]
+    assert spent[0] == 8 and all(a >= b for a, b in zip(spent, spent[1:])) and spent[-1] == 2
+    capped = adaptive_forward(model, idx, ExitRule("latent", 0.0, max_loops=3))[1]
+    assert bool((capped == 3).all())
+    floor = adaptive_forward(model, idx, ExitRule("latent", 1.0, min_loops=5))[1]
+    assert bool((floor == 5).all())
+
+
+@pytest.mark.parametrize("bad", [dict(threshold=-0.1), dict(criterion="entropy"), dict(min_loops=0)])
+def test_an_exit_rule_that_means_nothing_is_refused(bad):
+    from model import ExitRule
+    with pytest.raises(ValueError, match="exit rule"):
+        ExitRule(**bad)
+    from engine import adaptive_forward
+    with pytest.raises(ValueError, match="state injection"):
+        adaptive_forward(make(r=4, injection="hyper"), torch.zeros(1, 4, dtype=torch.long), ExitRule())

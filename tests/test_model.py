@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import flops
 from flops import INJECTIONS, ModelConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
@@ -599,3 +600,35 @@ def test_learns_a_pattern():
         loss.backward()
         opt.step()
     assert loss.item() < 0.5
+
+
+@pytest.mark.parametrize("injection", ["linear", "additive"])
+def test_the_untied_model_with_equal_copies_is_the_tied_model(injection):
+    """Truncate or Not? App. E.2: with every loop's copy of the block, W_inj and norm set to the shared ones, the
+    untied model gives the tied model's logits and loss exactly; trained, the copies move apart (their own
+    gradients), and each is initialised like the tied loop (W_inj = [I | 0])."""
+    tied_cfg = tiny(r=3, injection=injection, prelude=1, recur=2, coda=1, depth=0)
+    untied_cfg = ModelConfig(**{**flops.config_record(tied_cfg), "untied": True})
+    torch.manual_seed(0)
+    tied = GPT(tied_cfg)
+    untied = GPT(untied_cfg)
+    shared = {k: v for k, v in tied.state_dict().items()}
+    state = dict(shared)
+    for t in range(2):
+        for key, value in shared.items():
+            for part in ("recur.", "norm_recur.", "w_inj."):
+                if key.startswith(part):
+                    state[f"untied_loops.{t}.{key}"] = value
+    untied.load_state_dict(state)
+    idx = tokens(n=2, T=tied_cfg.seq_len)
+    with torch.no_grad():
+        assert torch.equal(untied(idx), tied(idx))
+        assert untied(idx, idx) == tied(idx, idx)
+    untied(idx, idx).backward()
+    grads = [untied.loop_weights(t).recur[0].mlp.c_fc.weight.grad for t in range(3)]
+    assert grads[-1].abs().sum() > 0 and not torch.equal(grads[0], grads[-1])  # at init W_inj = [I|0]: only
+    # the last loop reaches the output for the linear injection, every loop for the additive one
+    assert set(untied.param_groups()) == set(tied.param_groups())
+    if injection == "linear":
+        fresh = GPT(untied_cfg)
+        assert all(torch.equal(fresh.loop_weights(t).w_inj.weight, fresh.w_inj.weight) for t in range(3))
