@@ -348,17 +348,17 @@ def report(analysis, title, say=print):
 def _report_joint(analysis, say):
     """The converged joint law with its CIs, the restricted fits and the residuals by r."""
     joint, boot = analysis["joint"], analysis.get("bootstrap") or {}
-    ci = {}
+    shown = {}  # each parameter with its CI; one that runs to the search box is named as such (laws.estimate_text)
     for k, f in CI_FORMATS:
-        ci[k] = ""
-        if boot.get(k + "_ci"):
-            lo, hi = boot[k + "_ci"]
-            ci[k] = f" [{lo:{f}}, {hi:{f}}]"
+        shown[k] = f"{joint[k]:{f}}"
+        ci = boot.get(k + "_ci")
+        if ci:
+            shown[k] = laws.estimate_text(joint[k], ci, laws.ci_bounds_reached(k, ci), f)
     powers = ", ".join(f"{r}^phi = {r ** joint['phi']:.3f}" for r in (2, 4, 8))
-    say(f"  phi   = {joint['phi']:.4f}{ci['phi']}   (r^phi: {powers})\n"
-        f"  E     = {joint['E']:.4f}{ci['E']}\n"
-        f"  A     = {joint['A']:.4g}{ci['A']}   alpha = {joint['alpha']:.4f}{ci['alpha']}\n"
-        f"  B     = {joint['B']:.4g}{ci['B']}   beta  = {joint['beta']:.4f}{ci['beta']}\n"
+    say(f"  phi   = {shown['phi']}   (r^phi: {powers})\n"
+        f"  E     = {shown['E']}\n"
+        f"  A     = {shown['A']}   alpha = {shown['alpha']}\n"
+        f"  B     = {shown['B']}   beta  = {shown['beta']}\n"
         f"  R2 {joint['r2']:.5f}  RMSE {joint['rmse']:.4f} nats  max |resid| {joint['max_abs_resid']:.4f}  "
         f"objective {joint['objective']:.6g}  hits {joint['hits']}/{joint['restarts']}")
     if min(abs(joint["phi"] - BOX_LO[5]), abs(joint["phi"] - BOX_HI[5])) < 1e-6:  # the box's answer, not the data's
@@ -368,7 +368,8 @@ def _report_joint(analysis, say):
         say(f"  95% CIs: block bootstrap, {boot['resamples']} resamples of {boot['cells']} (budget, r) cells, each "
             f"refit from the full fit's local optima + {boot['restarts']} random starts; {boot['frac_phi_le_0']:.0%} "
             f"of resamples reach phi <= 0, {boot['frac_phi_ge_1']:.0%} phi >= 1; {boot['not_converged']} did not "
-            "converge")
+            f"converge; a CI that runs to the edge of the search box (phi in [{BOX_LO[5]:g}, {BOX_HI[5]:g}]) is the "
+            "box's, not a measured interval, and is printed as not identified")
     say("\nRestricted fits (same data, phi held fixed)")
     for name, fit in [*analysis["restricted"].items(), ("free", joint)]:
         say(f"  {name:<8}" + _fmt_fit(fit, phi=False))
@@ -409,20 +410,26 @@ def _report_frontier(analysis, say):
 
 def report_delta_phi(analysis, other, name_a, name_b, say=print):
     """delta-phi = phi(b) - phi(a), with the bootstrap CI where both sweeps have one (§1, §5: the diagnostic the
-    paper proposes; truncated BPTT moves phi from 0.46 to 0.38, hyperconnections to 0.65)."""
+    paper proposes; truncated BPTT moves phi from 0.46 to 0.38, hyperconnections to 0.65). Where an arm's phi CI
+    runs to the search box, so does the interval of the differences: it is printed as not identified."""
     if analysis["joint"] is None or other["joint"] is None:
         raise ValueError("--compare needs a joint-law fit of both sweeps")
     if analysis.get("bootstrap") and other.get("bootstrap"):
         d = compare_phi(analysis["bootstrap"], other["bootstrap"], analysis["joint"], other["joint"])
+        reached = laws.ci_bounds_reached("phi", analysis["bootstrap"]["phi_ci"], other["bootstrap"]["phi_ci"])
+        d["delta_phi_ci_at_bound"] = bool(reached)
+        text = laws.estimate_text(d["delta_phi"], d["delta_phi_ci"], reached, "+.4f", whose="an arm's phi CI")
         lo, hi = d["delta_phi_ci"]
         verdict = "excludes 0" if d["excludes_zero"] else "includes 0"
-        ci = (f", 95% CI [{lo:+.4f}, {hi:+.4f}] ({verdict}; independent resamples, conservative when the sweeps "
-              "share r = 1 runs)")
+        note = f" (95% CI, {verdict}; independent resamples, conservative when the sweeps share r = 1 runs)"
+        if reached:
+            note = f"; the differences' 2.5-97.5% range, [{lo:+.4f}, {hi:+.4f}], is the search box's"
     else:
         d = {"delta_phi": other["joint"]["phi"] - analysis["joint"]["phi"], "delta_phi_ci": None}
-        ci = " (no CI: --bootstrap 0, or a joint fit did not converge)"
+        text = f"{d['delta_phi']:+.4f}"
+        note = " (no CI: --bootstrap 0, or a joint fit did not converge)"
     say(f"\nDelta-phi = phi({name_b}) - phi({name_a}) = {other['joint']['phi']:.4f} - {analysis['joint']['phi']:.4f} = "
-        f"{d['delta_phi']:+.4f}{ci}")
+        f"{text}{note}")
     return d
 
 
@@ -675,8 +682,10 @@ def _without(d, key):
 def json_ready(analysis):
     """The analysis for --json: architectures by label (each with its key), CIs beside the joint fit, the
     bootstrap's draws (what a delta-phi needs), internals left out. restored_analysis reads it back. Its keys:
-    joint (phi, A, alpha, B, beta, E, r2, rmse, ..., phi_ci, ...), per_arch, restricted, halves, residuals_by_r,
-    bootstrap, frontier, notes, fingerprint; fit_and_report adds compare, delta_phi and equivalence when asked."""
+    joint (phi, A, alpha, B, beta, E, r2, rmse, ..., phi_ci, phi_ci_at_bound, ...), per_arch, restricted, halves,
+    residuals_by_r, bootstrap, frontier, notes, fingerprint; fit_and_report adds compare, delta_phi (with
+    delta_phi_ci_at_bound) and equivalence when asked. A CI "at bound" runs to the fitter's search box: not
+    identified (laws.ci_bounds_reached); its numbers are kept."""
     boot = analysis.get("bootstrap") or {}
     out = dict(analysis)
     out["per_arch"] = {arch_label(k): _without(v, "local_optima") | {"key": list(k)}
@@ -689,6 +698,8 @@ def json_ready(analysis):
         for k in boot:
             if k.endswith("_ci"):
                 out["joint"][k] = boot[k]
+                # beside the numbers, whether they are the search box's (laws.ci_bounds_reached): phi_ci_at_bound
+                out["joint"][k + "_at_bound"] = bool(laws.ci_bounds_reached(k.removesuffix("_ci"), boot[k]))
     return out
 
 

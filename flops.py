@@ -106,8 +106,10 @@ class ModelConfig:
         if self.injection == "passthrough" and self.r_bwd < self.r:
             raise ValueError("passthrough injection with --r-bwd < --r cuts the prelude and embedding off "
                              "the gradient (e only enters as s_0)")
-        if self.random_state_init and self.injection in ("hyper", "none"):
-            raise ValueError("--random-state-init needs a state injection (linear|additive|passthrough)")
+        no_state = ("hyper", "none")  # hyperconnections carry K lanes, not one state; the plain stack has no loop
+        if self.random_state_init and self.injection in no_state:
+            state_modes = "|".join(mode for mode in INJECTIONS if mode not in no_state)
+            raise ValueError(f"--random-state-init needs a state injection ({state_modes})")
         if self.untied and (self.r < 2 or self.injection not in UNTIED_INJECTIONS or self.r_bwd < self.r):
             raise ValueError(f"--untied copies the loop's block, W_inj and norm for each of r loops: it needs "
                              f"r >= 2, full BPTT and one of the injections {'|'.join(UNTIED_INJECTIONS)}")

@@ -442,6 +442,45 @@ def compare_phi(boot_a, boot_b, fit_a, fit_b):
             "delta_phi_ci": ci, "excludes_zero": bool(ci[0] > 0 or ci[1] < 0), "pairs": n}
 
 
+# The joint law's parameters in the order of the fitter's box (BOX_LO, BOX_HI): A, B and E are searched as logs.
+BOX_PARAMS = ("A", "B", "E", "alpha", "beta", "phi")
+
+
+def ci_bounds_reached(name, *cis):
+    """The edges of the fitter's box that a 95% CI of joint-law parameter `name` runs to, in the parameter's own
+    units, over every CI given: [] for measured intervals, [-3.0] for a phi CI of [-3.00, 1.02]. A resample whose
+    fit stops at the edge of the box was not bounded by the data, so a CI made of such fits says where the search
+    ends, not where the parameter lies. A delta-phi passes both arms' phi CIs: its own interval, made of their
+    differences, is the box's wherever one of theirs is."""
+    i = BOX_PARAMS.index(name)
+    edges = [float(BOX_LO[i]), float(BOX_HI[i])]
+    if i < 3:  # searched as log A, log B, log E
+        edges = [math.exp(edge) for edge in edges]
+    reached = []
+    for ci in cis:
+        if not ci:
+            continue
+        for edge, end in zip(edges, ci):
+            if math.isclose(end, edge, rel_tol=1e-6, abs_tol=1e-9) and edge not in reached:
+                reached.append(edge)
+    return sorted(reached)
+
+
+def estimate_text(value, ci, reached=(), fmt=".2f", whose="CI"):
+    """A fitted value and its 95% CI as a person should read them: "0.97 [0.86, 1.21]" for a measured interval;
+    "0.82 (CI reaches the bound -3: not identified)" where the CI runs to the fitter's box (`reached`, from
+    ci_bounds_reached; a delta-phi passes its arms' with whose="an arm's phi CI"); "0.82 (no CI)" without a
+    bootstrap. Every report and table that shows a CI prints it through this one function."""
+    text = f"{value:{fmt}}"
+    if reached:
+        edges = " and ".join(f"{edge:g}" for edge in reached)
+        plural = "s" if len(reached) > 1 else ""
+        return f"{text} ({whose} reaches the bound{plural} {edges}: not identified)"
+    if not ci:
+        return f"{text} (no CI)"
+    return f"{text} [{ci[0]:{fmt}}, {ci[1]:{fmt}}]"
+
+
 # ----------------------------------------------------------------------------------------------
 # Compute-optimal frontier (iso-depth §4.2) along each architecture's width family
 
@@ -558,16 +597,16 @@ def equivalence(r, scale, phi, layout=None):
     non-looped one and costs the FLOPs of a 1B one."""
     layout = layout or {}
     kw = {k: layout[k] for k in EQUIV_LAYOUT if k in layout}
-    looped = flops.ModelConfig(r=int(r), scale=int(scale), **kw)
+    looped = flops.ModelConfig(r=int(r), scale=scale, **kw)
     counts, F = flops.param_counts(looped), flops.flops_per_token(looped)
     n_eff = flops.effective_params(counts["n_once"], counts["n_rec"], looped.r, phi)
-    row = {"r": 1, "scale": int(scale), "depth": looped.depth}
+    row = {"r": 1, "scale": looped.scale, "depth": looped.depth}
     for k in ("head_dim", "vocab_size", "seq_len"):
         if k in kw:
             row[k] = kw[k]
     same_width = _config_from_row(row)
     row["n_params"] = flops.param_counts(same_width)["n_params"]
-    family = width_family(row, max_scale=max(8 * int(scale), 64))
+    family = width_family(row, max_scale=max(8 * looped.scale, 64))
     return {
         "r": looped.r,
         "scale": looped.scale,

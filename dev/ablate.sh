@@ -3,13 +3,27 @@
 # where it differs from the committed base (sweep.sh --variant reuses every committed run with its identity:
 # here the r = 1 runs, which no injection or loop flag changes), then its answer (dev/ablation_report.py):
 # the paired table against the base next to the noise of retraining and reseeding, delta-phi with its 95% CI
-# on the layout-matched and on the plain r = 1, and a figure of both arms' frontiers.
+# on the layout-matched and on the plain r = 1, and a figure of the differences over a retrain's noise.
 #
 #   bash dev/ablate.sh gated -- --injection gated           # the full arm: the 42 looped runs of cpu-micro
 #   bash dev/ablate.sh gated --quick -- --injection gated   # r = 4 at 1.1e12 and 2.4e12 (7 runs): the paired table
+#   bash dev/ablate.sh rsi --quick --plan -- --random-state-init   # the plan only: nothing is trained or written
 #
+# --plan lists every run of the arm: the flags it gets, what train.py will do with it (reuse which committed run
+# of the same run identity, dev/results/*/runs/<name>/final.json, or train it) and, for a run to train, a time at
+# the median achieved FLOP/s of the committed cpu-micro rows trained the same way at its r and width (trained on
+# other machines: a guide, not a measurement of this one); then the totals. It needs the grid's data
+# (data/micro-2k, which the ablation itself builds first).
+# The flags are checked before anything is written, one line and exit 2 for: train.py's --help, a flag train.py
+# refuses, a flag the grid sets per run (--r, --scale, --flops, --out, ...), a model some run refuses. A loop flag
+# that means nothing at r = 1 (flops.ModelConfig refuses it for the plain r = 1 stack: --random-state-init,
+# --r-bwd 2, --untied) is not given to the r = 1 runs, which stay the base's own (sweep.sh --r1-flags); the plan
+# says so.
 # OUT (default dev/results/cpu-micro-NAME, -quick for --quick) holds the rows, logs, run folders and fit/:
 # compare.json / compare_layout.json (fit_laws.py --compare against each anchor), ablation.txt, ablation.png.
+# Until the report is written OUT holds a file INCOMPLETE (how it started, and how it failed if it did): a folder
+# with it is not a result, dev/ablation_report.py refuses it, and fit/ablation.txt appears only at the end. Rerun
+# the same command to finish a failed or stopped ablation: every finished run is kept.
 # --quick fits its delta-phi on the same cells of the base (fit/base.jsonl, fit/layout.jsonl) without a
 # bootstrap, from 100 random starts: one looped r at two budgets does not identify phi, so its answer is the
 # paired table.
@@ -18,14 +32,30 @@
 # Environment: CPU_JOBS (default 2), PYTHON, OUT, COMPILE (default 1; 0 trains eagerly).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: bash dev/ablate.sh NAME [--quick] -- TRAIN_FLAGS"
+usage="usage: bash dev/ablate.sh NAME [--quick] [--plan] -- TRAIN_FLAGS (bash dev/ablate.sh --help says more)"
+if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then
+  echo "usage: bash dev/ablate.sh NAME [--quick] [--plan] -- TRAIN_FLAGS"
+  sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 [ $# -ge 1 ] && [[ "$1" != -* ]] || { echo "ablate.sh: $usage" >&2; exit 2; }
+COMMAND="bash dev/ablate.sh $*"
 NAME="$1"; shift
+# the name goes into OUT and sweep.sh's --variant, which takes these characters
+[[ "$NAME" =~ ^[A-Za-z0-9._-]+$ ]] || { echo "ablate.sh: NAME '$NAME': use letters, digits, . _ - ($usage)" >&2; exit 2; }
 QUICK=""
-if [ "${1:-}" = --quick ]; then QUICK=1; shift; fi
+PLAN=""
+while [ $# -gt 0 ] && [ "$1" != -- ]; do
+  case "$1" in
+    --quick) QUICK=1; shift ;;
+    --plan) PLAN=1; shift ;;
+    *) echo "ablate.sh: unknown option $1 before -- ($usage)" >&2; exit 2 ;;
+  esac
+done
 [ "${1:-}" = -- ] && [ $# -ge 2 ] || { echo "ablate.sh: the train.py flags that make the variant go after -- ($usage)" >&2; exit 2; }
 shift
 PYTHON="${PYTHON:-python3}"
+CPU_JOBS="${CPU_JOBS:-2}"
 OUT="${OUT:-dev/results/cpu-micro-$NAME${QUICK:+-quick}}"
 COMPILE_FLAG=(--compile)
 if [ "${COMPILE:-1}" = 0 ]; then COMPILE_FLAG=(); fi
@@ -42,10 +72,39 @@ if [ -n "$QUICK" ]; then
   # take 29 s instead of 159 s; one restricted (phi = 1) fit in compare.txt stops at a slightly worse optimum.
   FIT_FLAGS=(--bootstrap 0 --restarts 100)
 fi
-start=$(date +%s)
-CPU_JOBS="${CPU_JOBS:-2}" OUT="$OUT" ./sweep.sh --grid cpu-micro --variant "$NAME" --no-fit "${SUBSET[@]}" -- "$@" "${COMPILE_FLAG[@]}"
-trained=$(date +%s)
+
+# The flags, checked on every run of the arm before anything is written, and those the r = 1 runs take (GPUS=0:
+# the grid's commands as a CPU machine runs them).
+R1_FLAGS=$(GPUS=0 OUT="$OUT" ./sweep.sh --grid cpu-micro --print "${SUBSET[@]}" |
+           "$PYTHON" dev/ablation_report.py "$OUT" --r1-flags -- "$@")
+R1_FLAGS="$R1_FLAGS${COMPILE_FLAG[*]:+ ${COMPILE_FLAG[*]}}"
+if [ -n "$PLAN" ]; then
+  echo "ablate.sh $NAME${QUICK:+ --quick}: the plan into $OUT (CPU_JOBS=$CPU_JOBS, COMPILE=${COMPILE:-1});" \
+       "nothing is trained or written"
+  if [ -f "$OUT/INCOMPLETE" ]; then
+    echo "  $OUT is an unfinished ablation (its INCOMPLETE file says how it stopped); running it finishes it"
+  fi
+  GPUS=0 OUT="$OUT" ./sweep.sh --grid cpu-micro --variant "$NAME" --print "${SUBSET[@]}" --r1-flags "$R1_FLAGS" \
+    -- "$@" "${COMPILE_FLAG[@]}" | "$PYTHON" dev/ablation_report.py "$OUT" --plan --slots "$CPU_JOBS" -- "$@"
+  exit 0
+fi
+
+# From here on OUT says it is not a result until the report is written (dev/ablation_report.py refuses it).
 mkdir -p "$OUT/fit"
+echo "$COMMAND: started $(date -u +%FT%TZ); not finished (running, failed or stopped). Rerun the same command to" \
+     "finish it: every finished run is kept." > "$OUT/INCOMPLETE"
+rm -f "$OUT/fit/ablation.txt" "$OUT/fit/ablation.png"
+mark_failed() {  # on any exit but success: the marker says how it stopped (and is there again after the report)
+  local status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "$COMMAND: failed (exit $status) at $(date -u +%FT%TZ)" >> "$OUT/INCOMPLETE"
+  fi
+}
+trap mark_failed EXIT
+start=$(date +%s)
+CPU_JOBS="$CPU_JOBS" OUT="$OUT" ./sweep.sh --grid cpu-micro --variant "$NAME" --no-fit "${SUBSET[@]}" \
+  --r1-flags "$R1_FLAGS" -- "$@" "${COMPILE_FLAG[@]}"
+trained=$(date +%s)
 if [ -n "$QUICK" ]; then  # the base on the variant's cells only, so that both arms have the same design
   "$PYTHON" dev/ablation_report.py "$OUT" --same-cells "$BASE" > "$OUT/fit/base.jsonl"
   "$PYTHON" dev/ablation_report.py "$OUT" --same-cells "$LAYOUT" > "$OUT/fit/layout.jsonl"
@@ -57,10 +116,15 @@ fi
   > "$OUT/fit/compare.txt"
 "$PYTHON" fit_laws.py "$LAYOUT" --compare "$OUT/fit/layout_anchored.jsonl" "${FIT_FLAGS[@]}" \
   --json "$OUT/fit/compare_layout.json" > "$OUT/fit/compare_layout.txt"
-"$PYTHON" dev/ablation_report.py "$OUT" | tee "$OUT/fit/ablation.txt"
+# The report refuses a folder marked INCOMPLETE; the EXIT trap marks it again if the report fails, and
+# fit/ablation.txt is renamed into place only once it is whole.
+rm "$OUT/INCOMPLETE"
+REPORT="$OUT/fit/ablation.txt.partial"
+"$PYTHON" dev/ablation_report.py "$OUT" | tee "$REPORT"
 if [ -n "$QUICK" ]; then
   echo "(--quick: one looped r at two budgets does not identify phi; its delta-phi is a point estimate without a CI)" |
-    tee -a "$OUT/fit/ablation.txt"
+    tee -a "$REPORT"
 fi
 echo "ablate.sh $NAME: trained in $(( (trained - start) / 60 )) min, fits and report in $(( $(date +%s) - trained )) s" |
-  tee -a "$OUT/fit/ablation.txt"
+  tee -a "$REPORT"
+mv "$REPORT" "$OUT/fit/ablation.txt"

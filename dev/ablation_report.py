@@ -13,7 +13,8 @@ base, run for run. Reads rows and fit_laws.py's JSON only; fits nothing itself.
 (b) Delta-phi with its 95% CI from fit_laws.py --compare, anchored on the layout-matched r = 1 (the anchor that
     identifies phi at these widths, cpu-micro-layout) and on the plain r = 1 (cpu-micro; phi is not identified
     there at d <= 48, see dev/README.md, "The CPU study").
-(c) fit/ablation.png: both arms' empirical frontiers (the best width's loss per budget and r), overlaid.
+(c) fit/ablation.png: per looped r, variant minus base at each budget's best width, over a band of what a retrain
+    alone moves (the retrained runs of (a)).
 """
 import argparse
 import json
@@ -23,8 +24,17 @@ from pathlib import Path
 
 from diagnose_report import load as read_rows  # dev/'s one JSONL reader
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import flops  # noqa: E402
+from common import DataError, fail, one_line_errors, positive_int  # noqa: E402
+from laws import ci_bounds_reached, estimate_text  # noqa: E402 (the one way a CI is printed)
+from sweep_state import duration, parse_flags  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 BASE, LAYOUT, EVAL = RESULTS / "cpu-micro", RESULTS / "cpu-micro-layout", RESULTS / "cpu-micro-eval"
+# dev/ablate.sh's marker: in OUT from its start until its report is written, so a failed or stopped ablation
+# never looks like a result (the report refuses it; a rerun of the same command finishes it)
+INCOMPLETE = "INCOMPLETE"
 
 
 def by_cell(rows):
@@ -83,43 +93,67 @@ def spread_lines(retrain, seeds):
 
 
 def delta_phi_line(label, path):
-    """One line of (b): phi of each arm with its CI and delta-phi with its CI, from a fit_laws.py --json file."""
+    """One line of (b): phi of each arm with its CI and delta-phi with its CI, from a fit_laws.py --json file. A CI
+    that runs to the fitter's search box is printed as not identified, and so is a delta-phi of such an arm."""
     if not path.exists():
         return f"| {label} | not fitted ({path} is missing) | | |"
     out = json.loads(path.read_text())
     arms = []
     for fit in (out, out["compare"]):
-        ci = fit["joint"].get("phi_ci")
-        if ci:
-            arms.append(f"{fit['joint']['phi']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]")
-        else:  # --bootstrap 0 (the --quick preset): a point estimate
-            arms.append(f"{fit['joint']['phi']:.2f} (no CI)")
+        ci = fit["joint"].get("phi_ci")  # none with --bootstrap 0 (the --quick preset): a point estimate
+        arms.append(estimate_text(fit["joint"]["phi"], ci, ci_bounds_reached("phi", ci)))
+    reached = ci_bounds_reached("phi", out["joint"].get("phi_ci"), out["compare"]["joint"].get("phi_ci"))
     delta = out["delta_phi"]
-    ci = delta.get("delta_phi_ci")
-    delta_text = f"{delta['delta_phi']:+.2f}"
-    if ci:
-        delta_text += f" [{ci[0]:+.2f}, {ci[1]:+.2f}]"
+    delta_text = estimate_text(delta["delta_phi"], delta.get("delta_phi_ci"), reached, "+.2f", "an arm's φ CI")
     return f"| {label} | {arms[0]} | {arms[1]} | {delta_text} |"
 
 
-def plot_frontiers(base, variant, name, path):
-    """Each r's best-width loss against the budget: the base solid, the variant dashed, same colour per r."""
+def budget_text(budget):
+    """A budget as the grid writes it: 1.1e12, 5e11."""
+    return f"{budget:.2g}".replace("e+", "e")
+
+
+def best_width_deltas(base, variant, r):
+    """[(budget, variant's best-width loss - base's)] of loop count r, over the budgets both arms have."""
+    points = []
+    for (budget, rr), cell in sorted(variant.items()):
+        if rr == r and base.get((budget, r)):
+            points.append((budget, min(cell.values()) - min(base[budget, r].values())))
+    return points
+
+
+def plot_differences(base, variant, name, retrain, path):
+    """fit/ablation.png: a panel per looped r, the variant's best-width loss minus the base's at each budget, over
+    a grey band of what retraining alone moves a run of that r (noise_floor: the median and the largest |delta|).
+    A point inside the band is not a signal."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    from matplotlib.ticker import NullFormatter
     rs = sorted({r for _, r in variant})
-    for j, r in enumerate(rs):
-        colour = plt.get_cmap("viridis")(j / max(1, len(rs) - 1))
-        for cells, style, arm in ((base, "-", "base"), (variant, "--", name)):
-            budgets = sorted(b for b, rr in cells if rr == r and (b, rr) in variant)
-            best = [min(cells[b, r].values()) for b in budgets]
-            ax.plot(budgets, best, style, marker="o", color=colour, label=f"r={r} {arm}")
-    ax.set_xscale("log")
-    ax.set_xlabel("compute budget C (FLOPs)")
-    ax.set_ylabel("best width's validation loss (nats/token)")
-    ax.set_title(f"cpu-micro: base (solid) against {name} (dashed), best width per budget")
-    ax.legend(fontsize=8, ncol=2)
+    budgets = sorted({budget for budget, _ in variant})
+    fig, axes = plt.subplots(1, len(rs), figsize=(3.3 * len(rs) + 1.2, 3.8), sharey=True, squeeze=False)
+    for ax, r in zip(axes[0], rs):
+        noise = retrain.get(r)
+        if noise:  # the wide band first, so that the narrow one is drawn over it
+            for level, shade, what in ((max(noise), 0.15, "max"), (statistics.median(noise), 0.3, "median")):
+                label = f"a retrain alone: |Δ| {what} {level:.3f}"
+                ax.axhspan(-level, level, color="grey", alpha=shade, lw=0, label=label)
+        ax.axhline(0, color="black", lw=0.8)
+        points = best_width_deltas(base, variant, r)
+        budgets_here = [budget for budget, _ in points]
+        deltas = [delta for _, delta in points]
+        ax.plot(budgets_here, deltas, "o-", color="tab:blue", label=f"{name} − base")
+        ax.set_xscale("log")
+        # the grid's budgets as the ticks, and no minor labels (log axes label 2e12, 3e12, ... on their own)
+        ax.set_xticks(budgets, [budget_text(budget) for budget in budgets])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlim(budgets[0] / 1.4, budgets[-1] * 1.4)
+        ax.set_title(f"r = {r}", fontsize=10)
+        ax.set_xlabel("budget C (FLOPs)")
+        ax.legend(fontsize=7, loc="best")
+    axes[0][0].set_ylabel("Δ best-width val loss (nats/token)")
+    fig.suptitle(f"{name} − base at each budget's best width", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -138,37 +172,301 @@ def layout_anchored_rows(variant_rows):
     return anchor + [row for row in variant_rows if row["r"] > 1]
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out", help="the variant's OUT folder (results.jsonl, fit/)")
-    p.add_argument("--layout-anchored-rows", action="store_true",
-                   help="print the variant's looped rows with the layout-matched r = 1 rows, as JSONL, and stop")
-    p.add_argument("--same-cells", metavar="RESULTS", help="print RESULTS' rows at the variant's (budget, r) cells")
-    args = p.parse_args()
-    out = Path(args.out)
-    if not (out / "results.jsonl").is_file():
-        sys.exit(f"ablation_report.py: {out / 'results.jsonl'} not found: run dev/ablate.sh first")
-    variant_rows = read_rows(out / "results.jsonl")
-    if args.layout_anchored_rows or args.same_cells:
-        if args.same_cells:
-            rows = rows_in_cells(read_rows(args.same_cells), variant_rows)
+# ----------------------------------------------------------------------------------------------
+# Before any training (dev/ablate.sh): which of the flags the r = 1 runs take (--r1-flags), and the plan (--plan)
+
+# What sweep.sh sets for each run (its cell, its horizon, its folders): an ablation's flags must not override it.
+GRID_DESTS = ("r", "scale", "flops", "tokens", "tokens_per_param", "data", "out", "results", "reuse_from")
+
+
+def is_option(token):
+    """Whether a train.py argument is a flag rather than a value: it starts with "-" and is not a number."""
+    if not token.startswith("-"):
+        return False
+    try:
+        float(token)
+    except ValueError:
+        return True
+    return False
+
+
+def flag_groups(flags):
+    """The train.py flags after ablate.sh's --, one list per flag with its values:
+    ["--injection", "gated", "--compile"] -> [["--injection", "gated"], ["--compile"]]."""
+    groups = []
+    for token in flags:
+        if groups and not is_option(token):
+            groups[-1].append(token)
         else:
-            rows = layout_anchored_rows(variant_rows)
-        print("".join(json.dumps(row) + "\n" for row in rows), end="")
+            groups.append([token])
+    return groups
+
+
+def asks_for_help(token):
+    """Whether argparse reads `token` as train.py's --help (which prints and exits instead of training)."""
+    name = token.split("=")[0]
+    return name == "-h" or (len(name) > 3 and "--help".startswith(name))
+
+
+def printed_args(line):
+    """(run name, train.py's arguments) of one `sweep.sh --print` line."""
+    tokens = line.split()
+    args = tokens[tokens.index("train.py") + 1:]
+    name = Path(args[args.index("--out") + 1]).name
+    return name, args
+
+
+def model_refusal(parser, name, args):
+    """flops.ModelConfig's one-line reason for refusing the model these train.py arguments describe, or None.
+    The data's vocabulary and sequence length do not decide whether a loop flag applies: the defaults stand in."""
+    parsed = parse_flags(parser, name, args)
+    try:
+        flops.config_from_args(parsed, parsed.vocab_size or flops.ModelConfig.vocab_size,
+                               parsed.seq_len or flops.ModelConfig.seq_len)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def check_flags(parser, name, args, flags):
+    """DataError unless the ablation's `flags` leave what sweep.sh sets for this run (GRID_DESTS) as it is."""
+    ours, theirs = parse_flags(parser, name, args), parse_flags(parser, name, args + flags)
+    for dest in GRID_DESTS:
+        if getattr(ours, dest) != getattr(theirs, dest):
+            option = "--" + dest.replace("_", "-")
+            raise DataError(f"{option} is set by the grid for each run (its cell, horizon and folders); an "
+                            f"ablation changes how the runs train, not which runs: leave {option} out")
+
+
+def r1_flags(lines, flags):
+    """(the flag groups the grid's r = 1 runs take, the groups left out of them). A flag that the plain r = 1 stack
+    refuses (--random-state-init, --r-bwd 2, --untied: loop flags) means nothing there, so it is left out and the
+    r = 1 anchors stay the base's own runs. `lines`: the grid's `sweep.sh --print` lines, with or without the
+    flags. DataError, before anything trains, for --help, a flag train.py refuses, a flag that sets what the grid
+    sets, or flags that a run refuses."""
+    from runs import train_parser  # torch and model.py: seconds, so only in the modes that need it
+    if any(asks_for_help(token) for token in flags):
+        raise DataError("--help among the train.py flags would print train.py's help in every run instead of "
+                        "training it: see python train.py --help, and pass only the flags that make the variant")
+    parser = train_parser()
+    groups = flag_groups(flags)
+    runs = [printed_args(line) for line in lines if line.strip()]
+    left_out = []
+    for name, args in runs:
+        check_flags(parser, name, args, flags)
+        if parse_flags(parser, name, args).r > 1:
+            continue
+        for group in groups:
+            if group not in left_out and model_refusal(parser, name, args + group):
+                left_out.append(group)
+    kept = [group for group in groups if group not in left_out]
+    for name, args in runs:  # every run must take what it will be given
+        given = flags
+        if parse_flags(parser, name, args).r == 1:
+            given = [token for group in kept for token in group]
+        refused = model_refusal(parser, name, args + given)
+        if refused:
+            raise DataError(f"{' '.join(flags)}: {refused} (run {name})")
+    return kept, left_out
+
+
+def settled(args, run_id):
+    """(what train.py will do with this run, where), decided as runs.settle decides it, without writing anything:
+    ("done", its folder in OUT), ("reuse", the finished folder of the same run_id it copies), ("resume", the
+    checkpoint), ("train", ""), or ("refused", why): a folder that holds another run."""
+    from runs import read_final
+    out = Path(args.out)
+    final = read_final(out / "final.json")
+    if final and final.get("run_id") != run_id:
+        return "refused", f"{out} holds another run (train.py stops there): delete it"
+    if final:
+        return "done", str(out)
+    for folder in args.reuse_from:
+        donor = read_final(Path(folder) / "final.json")
+        if donor and donor.get("run_id") == run_id:
+            return "reuse", folder
+    if (out / "ckpt.pt").is_file():
+        return "resume", str(out / "ckpt.pt")
+    return "train", ""
+
+
+def committed_rates(compiled):
+    """{(r, d): [achieved FLOP/s]} of the committed cpu-micro rows trained the same way (with --compile or
+    eagerly), each run once: the speed --plan prices a run at. Only rows with a run identity (today's scheme)."""
+    rates, seen = {}, set()
+    for path in sorted(RESULTS.glob("cpu-micro*/results.jsonl")):
+        for row in read_rows(path):
+            trained_so = (row.get("compile_s") is not None) == compiled
+            if "identity" not in row or row["run_id"] in seen or not trained_so or not row.get("tokens_per_s"):
+                continue
+            seen.add(row["run_id"])
+            rates.setdefault((row["r"], row["d_model"]), []).append(row["tokens_per_s"] * row["flops_per_token"])
+    return rates
+
+
+def rate_of(rates, r, d):
+    """The median committed FLOP/s of loop count r at width d, else of width d at any r (iso-depth: every r runs
+    the same number of layers, so a step costs about the same), else of every row; None without rows."""
+    for keys in ([(r, d)], [key for key in rates if key[1] == d], list(rates)):
+        values = [rate for key in keys for rate in rates.get(key, [])]
+        if values:
+            return statistics.median(values)
+    return None
+
+
+def wall_time(seconds, slots):
+    """Wall time of runs taking `seconds` on `slots` parallel slots, longest first (as sweep.sh starts them)."""
+    loads = [0.0] * slots
+    for run in sorted(seconds, reverse=True):
+        loads[loads.index(min(loads))] += run
+    return max(loads)
+
+
+def data_missing(data_dir):
+    """The one line that says the plan needs the grid's data, with the command the committed base was built by."""
+    base = read_rows(BASE / "results.jsonl")
+    command = base[0]["data_meta"]["command"]
+    return (f"--plan needs {data_dir}/meta.json: every run's identity names its data's checksums. The ablation "
+            f"builds it first; to preview now, build it (a few seconds): {command}")
+
+
+# What train.py will do with each run, in the order a plan lists them, and how the footer counts them.
+PLAN_STATES = {"train": "to train", "resume": "to resume", "reuse": "reused", "done": "already in OUT",
+               "refused": "refused"}
+
+
+def plan_table(lines, flags, slots):
+    """--plan's lines: every run of the arm (its `sweep.sh --print` line) with the flags the ablation gives it, what
+    train.py will do with it (reuse which committed run of the same run_id, or train it) and, for a run to train,
+    a time at the committed rows' speed; the totals last. DataError for bad flags or missing data."""
+    from runs import train_parser
+    from sweep_state import plan_runs
+    kept, left_out = r1_flags(lines, flags)
+    runs = [printed_args(line) for line in lines if line.strip()]
+    parser = train_parser()
+    parsed = [parse_flags(parser, name, args) for name, args in runs]
+    data_dir = parsed[0].data
+    if not (Path(data_dir) / "meta.json").is_file():
+        raise DataError(data_missing(data_dir))
+    planned = plan_runs([f"{name}|{' '.join(args)}" for name, args in runs], data_dir, devices=("cpu",))
+    rates = committed_rates(parsed[0].compile)
+    r1_given = " ".join(token for group in kept for token in group) or "(none)"
+    table = [f"{'run':<26}{'r':>3}{'d':>5}{'C':>9}{'steps':>7}  {'flags':<28}{'est.':>9}  plan"]
+    seconds, states = [], []
+    for (name, _), run, plan in zip(runs, parsed, planned):
+        state, where = settled(run, plan.run_ids["cpu"])
+        states.append(state)
+        d = int(64 * run.scale)
+        rate = rate_of(rates, run.r, d)
+        estimate = ""
+        if state in ("train", "resume") and rate:
+            seconds.append(plan.flops / rate)
+            estimate = duration(seconds[-1])
+        given = " ".join(flags)
+        if run.r == 1:
+            given = r1_given
+        steps = round(plan.flops / (plan.flops_per_token * plan.batch_tokens))
+        table.append(f"{name:<26}{run.r:>3}{d:>5}{budget_text(run.flops):>9}{steps:>7}  {given:<28}"
+                     f"{estimate:>9}  {state} {where}".rstrip())
+    return table + [""] + plan_footer(states, left_out, seconds, slots, rates, parsed[0].compile)
+
+
+def plan_footer(states, left_out, seconds, slots, rates, compiled):
+    """The plan's last lines: the runs by what train.py will do, the flags the r = 1 runs are not given, the time."""
+    counts = [f"{states.count(state)} {label}" for state, label in PLAN_STATES.items() if state in states]
+    lines = [f"{len(states)} runs: " + ", ".join(counts)]
+    if left_out:
+        dropped = " ".join(token for group in left_out for token in group)
+        lines.append(f"r = 1 runs: not given {dropped}, which means nothing for the plain r = 1 stack "
+                     f"(flops.ModelConfig refuses it there): the r = 1 anchors stay the base's own runs")
+    if seconds:
+        how = "with --compile" if compiled else "eagerly"
+        n_rows = sum(len(values) for values in rates.values())
+        lines.append(f"time to train: ~{duration(wall_time(seconds, slots))} on {slots} slot(s) (CPU_JOBS), longest "
+                     f"first, then the fits and the report. Each run is its F*D (flops.py) at the median achieved "
+                     f"FLOP/s of the committed cpu-micro rows trained {how} at its r and width ({n_rows} rows in "
+                     f"dev/results/cpu-micro*/results.jsonl, trained on other machines: a guide, not a measurement "
+                     f"of this one)")
+    return lines
+
+
+def parse_args(argv=None):
+    """(the flags, the train.py flags after --): --r1-flags and --plan take the ablation's flags there, split off
+    before argparse sees them, as ablate.sh's own command line has them."""
+    argv = sys.argv[1:] if argv is None else argv
+    flags = []
+    if "--" in argv:
+        flags = argv[argv.index("--") + 1:]
+        argv = argv[:argv.index("--")]
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    one_line_errors(p, "ablation_report.py")
+    p.add_argument("out", help="the variant's OUT folder (results.jsonl, fit/)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--layout-anchored-rows", action="store_true",
+                      help="print the variant's looped rows with the layout-matched r = 1 rows, as JSONL, and stop")
+    mode.add_argument("--same-cells", metavar="RESULTS", help="print RESULTS' rows at the variant's (budget, r) cells")
+    mode.add_argument("--r1-flags", action="store_true",
+                      help="read the grid's `sweep.sh --print` lines on stdin and print the flags after -- that its "
+                           "r = 1 runs take (a loop flag the plain r = 1 stack refuses is left out); check them all")
+    mode.add_argument("--plan", action="store_true",
+                      help="read the arm's `sweep.sh --print` lines on stdin and print each run, the flags it gets, "
+                           "whether train.py will reuse a committed run or train it, and a time estimate")
+    p.add_argument("--slots", type=positive_int, default=2, help="--plan: runs trained at once (ablate.sh's CPU_JOBS)")
+    return p.parse_args(argv), flags
+
+
+def before_training(args, flags):
+    """--r1-flags and --plan: what dev/ablate.sh asks before it trains anything; bad flags are one line, exit 2."""
+    lines = sys.stdin.read().splitlines()
+    try:
+        if args.r1_flags:
+            kept, _ = r1_flags(lines, flags)
+            print(" ".join(token for group in kept for token in group))
+        else:
+            print("\n".join(plan_table(lines, flags, args.slots)))
+    except ValueError as e:  # DataError: a flag, a plan line or the data
+        fail("ablate.sh", str(e))
+
+
+def main():
+    args, flags = parse_args()
+    out = Path(args.out)
+    if args.r1_flags or args.plan:
+        before_training(args, flags)
         return
+    rows_only = args.layout_anchored_rows or args.same_cells  # ablate.sh's steps before its report
+    if (out / INCOMPLETE).is_file() and not rows_only:
+        fail("ablation_report.py", f"{out} is not a finished ablation ({out / INCOMPLETE} says how it stopped): "
+                                   f"rerun its dev/ablate.sh command, which keeps what is done")
+    if not (out / "results.jsonl").is_file():
+        fail("ablation_report.py", f"{out / 'results.jsonl'} not found: run dev/ablate.sh first")
+    variant_rows = read_rows(out / "results.jsonl")
+    if not rows_only:
+        report(out, variant_rows)
+        return
+    if args.same_cells:
+        rows = rows_in_cells(read_rows(args.same_cells), variant_rows)
+    else:
+        rows = layout_anchored_rows(variant_rows)
+    print("".join(json.dumps(row) + "\n" for row in rows), end="")
+
+
+def report(out, variant_rows):
+    """(a), (b) and (c) of a finished ablation on stdout, and fit/ablation.png."""
     name = out.name.removeprefix("cpu-micro-")
     base, variant = by_cell(read_rows(BASE / "results.jsonl")), by_cell(variant_rows)
     looped = {cell: losses for cell, losses in variant.items() if cell[1] > 1}
     print(f"(a) {name} minus base, validation loss (nats/token); r = 1 is the same run in both arms\n")
     print("\n".join(paired_table(base, looped)))
+    retrain, seeds = noise_floor()
     print("\nwhat the same comparison gives with nothing changed (|Δ val loss|, nats/token):\n")
-    print("\n".join(spread_lines(*noise_floor())))
+    print("\n".join(spread_lines(retrain, seeds)))
     print(f"\n(b) delta-phi = phi({name}) - phi(base), 95% CI (fit_laws.py --compare)\n")
     print("| anchor | φ base | φ variant | Δφ |\n|---|---|---|---|")
     print(delta_phi_line("layout-matched r = 1", out / "fit" / "compare_layout.json"))
     print(delta_phi_line("plain r = 1", out / "fit" / "compare.json"))
     (out / "fit").mkdir(exist_ok=True)
-    plot_frontiers(base, looped, name, out / "fit" / "ablation.png")
+    plot_differences(base, looped, name, retrain, out / "fit" / "ablation.png")
     print(f"\n(c) wrote {out / 'fit' / 'ablation.png'}")
 
 

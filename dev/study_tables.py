@@ -23,6 +23,7 @@ from diagnose_report import load  # dev/'s one JSONL reader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eval_tasks import category_losses, read_categories  # noqa: E402
+from laws import ci_bounds_reached, estimate_text  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # grid folder, label, the paper's phi for it (iso-depth §4.2 and §5)
@@ -60,19 +61,22 @@ def layout_anchored_rows(grid):
 
 
 def phi_with_ci(joint):
-    """A joint fit's phi and its bootstrap CI, as '0.82 [-3.00, 1.02]'."""
-    lo, hi = joint["phi_ci"] or (float("nan"), float("nan"))
-    return f"{joint['phi']:.2f} [{lo:.2f}, {hi:.2f}]"
+    """A joint fit's phi with its bootstrap CI, '1.12 [0.92, 1.29]', or '0.82 (CI reaches the bound -3: not
+    identified)' where the CI runs to the fitter's search box (laws.estimate_text)."""
+    return estimate_text(joint["phi"], joint["phi_ci"], ci_bounds_reached("phi", joint["phi_ci"]))
 
 
-def phi_row(label, paper, fit, delta_of=None, runs_so_far=0):
-    """One line of the phi table: the joint fit's phi with its CI, and delta-phi if a comparison exists."""
+def phi_row(label, paper, fit, cmp=None, runs_so_far=0):
+    """One line of the phi table: the joint fit's phi with its CI, and delta-phi if a comparison (a fit_laws.py
+    --compare JSON: the base's fit, the grid's under "compare", delta_phi) exists. Where an arm's phi CI runs to
+    the search box, so does delta-phi's, and it is printed as not identified."""
     if fit is None:
         return f"| {label} | {runs_so_far} so far | not fitted yet | {paper} | - |"
     delta = "-"
-    if delta_of is not None:
-        ci = delta_of.get("delta_phi_ci") or (float("nan"), float("nan"))
-        delta = f"{delta_of['delta_phi']:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}]"
+    if cmp is not None:
+        reached = ci_bounds_reached("phi", cmp["joint"]["phi_ci"], cmp["compare"]["joint"]["phi_ci"])
+        delta_of = cmp["delta_phi"]
+        delta = estimate_text(delta_of["delta_phi"], delta_of["delta_phi_ci"], reached, "+.2f", "an arm's φ CI")
     return f"| {label} | {fit['n_runs']} | {phi_with_ci(fit['joint'])} | {paper} | {delta} |"
 
 
@@ -86,10 +90,10 @@ def phi_table():
         fit, cmp = read_json(RESULTS / grid / "fit" / "fit.json"), read_json(RESULTS / grid / "fit" / "compare.json")
         if fit is None and cmp is not None:  # an ablation (dev/ablate.sh) fits its arm only within the comparison
             fit = cmp["compare"]
-        lines.append(phi_row(label, paper, fit, cmp and cmp["delta_phi"], len(load_rows(grid))))
+        lines.append(phi_row(label, paper, fit, cmp, len(load_rows(grid))))
     for grid, label, paper in GRIDS:  # the case studies against the layout-matched anchor
         if grid in CASE_STUDIES and (cmp := read_json(RESULTS / grid / "fit" / "compare_layout.json")):
-            lines.append(phi_row(f"{label}, layout-matched r = 1", paper, cmp["compare"], cmp["delta_phi"]))
+            lines.append(phi_row(f"{label}, layout-matched r = 1", paper, cmp["compare"], cmp))
     return lines
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CORE_FILES = ("model.py", "train.py", "fit_laws.py", "laws.py", "prepare_data.py", "flops.py", "muonh.py",
               "evaluate.py", "eval_tasks.py", "runs.py", "dataloader.py", "common.py", "tracking.py", "curves.py",
-              "sweep_state.py", "download.py", "fused_loss.py")
+              "sweep_state.py", "download.py", "fused_loss.py", "recipe.py", "truncate_law.py", "allocation.py",
+              "allocate.py", "fit_plots.py", "engine.py", "export_hf.py")
 MAX_FUNCTION_LINES = 60
 MANY_PARAMETERS = 7  # nanoGPT's and nanochat's model and training code have no function with this many
 COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)

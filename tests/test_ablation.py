@@ -4,6 +4,7 @@ answer (dev/ablation_report.py): the paired table next to the noise of retrainin
 both anchors, a figure. The hyperconnection case study is such a variant of cpu-micro, and serves as one here.
 """
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -11,8 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from common import DataError
+from conftest import meta_only_dataset
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "dev" / "results"
+sys.path.insert(0, str(ROOT / "dev"))
+import ablation_report  # noqa: E402 (dev/'s script, for its checks of an ablation's flags)
 
 
 def read_jsonl(path):
@@ -68,12 +74,19 @@ def test_the_noise_beside_it_is_the_retrained_and_reseeded_runs(hyper_as_an_abla
 
 
 def test_delta_phi_on_both_anchors_is_fit_laws_compare_and_the_figure_is_written(hyper_as_an_ablation):
+    """Each arm's phi and delta-phi with their 95% CIs, from fit_laws.py --compare. A CI that runs to the fitter's
+    search bound (phi = -3: the plain anchor's) is no interval, and neither is a delta-phi with such an arm: both
+    say "not identified" instead of printing the box as a CI."""
     out, text = hyper_as_an_ablation
-    for label, name in (("layout-matched r = 1", "compare_layout.json"), ("plain r = 1", "compare.json")):
-        fit = json.loads((out / "fit" / name).read_text())
-        delta = fit["delta_phi"]
-        lo, hi = delta["delta_phi_ci"]
-        assert f"| {label} |" in text and f"{delta['delta_phi']:+.2f} [{lo:+.2f}, {hi:+.2f}] |" in text
+    layout = json.loads((out / "fit" / "compare_layout.json").read_text())["delta_phi"]
+    lo, hi = layout["delta_phi_ci"]
+    assert f"| layout-matched r = 1 | 1.12 [0.92, 1.29] | 1.09 [0.78, 1.52] | {layout['delta_phi']:+.2f} " \
+           f"[{lo:+.2f}, {hi:+.2f}] |" in text
+    plain = json.loads((out / "fit" / "compare.json").read_text())
+    assert plain["joint"]["phi_ci"][0] == -3.0 and plain["delta_phi"]["delta_phi_ci"][1] > 3  # the box, not data
+    assert f"| plain r = 1 | 0.82 (CI reaches the bound -3: not identified) | 0.90 [0.78, 1.09] | " \
+           f"{plain['delta_phi']['delta_phi']:+.2f} (an arm's φ CI reaches the bound -3: not identified) |" in text
+    assert "[-3.00" not in text and "+3.95]" not in text
     assert (out / "fit" / "ablation.png").stat().st_size > 10_000
 
 
@@ -101,7 +114,7 @@ def test_the_quick_preset_reads_as_a_paired_table_and_point_estimates(tmp_path):
     shutil.copytree(RESULTS / "cpu-micro-gated-quick" / "fit", out / "fit")
     shutil.copy(RESULTS / "cpu-micro-gated-quick" / "results.jsonl", out)
     text = report(out)
-    assert "nan" not in text and text.count("(no CI)") == 4
+    assert "nan" not in text and text.count("(no CI)") == 6  # each arm's phi and delta-phi, on both anchors
     rows = read_jsonl(out / "results.jsonl")
     assert sorted(row["r"] for row in rows) == [1] * 7 + [4] * 7
     base = {row["run_id"] for row in read_jsonl(RESULTS / "cpu-micro" / "results.jsonl")}
@@ -118,3 +131,109 @@ def test_an_ablation_reuses_the_committed_fit_of_each_anchor(anchor, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert f"reused the analysis in {RESULTS / anchor / 'fit' / 'fit.json'}" in proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# Before anything trains: the flags, the r = 1 anchors, the plan, and what a failure leaves
+
+QUICK = ("--budgets", "1.1e12 2.4e12", "--r", "1 4")  # ablate.sh --quick's cells
+
+
+def grid_lines(*subset):
+    """The cpu-micro grid's train.py commands, as sweep.sh prints them on a machine without GPUs."""
+    proc = subprocess.run(["bash", str(ROOT / "sweep.sh"), "--grid", "cpu-micro", "--print", *subset],
+                          capture_output=True, text=True, timeout=60, env=os.environ | {"GPUS": "0"}, check=True)
+    return proc.stdout.splitlines()
+
+
+def ablate(*args, **env):
+    return subprocess.run(["bash", str(ROOT / "dev" / "ablate.sh"), *args], capture_output=True, text=True,
+                          timeout=300, env=os.environ | {"OMP_NUM_THREADS": "1"} | env)
+
+
+@pytest.mark.parametrize("flags, r1_takes", [
+    (["--random-state-init"], []),  # flops.ModelConfig refuses it for the plain r = 1 stack: no state to draw
+    (["--r-bwd", "2", "--lr-norm", "0.1"], ["--lr-norm", "0.1"]),  # a loop flag beside one that changes r = 1 too
+    (["--injection", "gated"], ["--injection", "gated"]),  # the plain stack has no injection: r = 1 stays the same run
+], ids=["random-state-init", "r-bwd-with-an-lr", "gated"])
+def test_a_loop_flag_that_means_nothing_at_r1_is_not_given_to_the_r1_runs(flags, r1_takes):
+    kept, left_out = ablation_report.r1_flags(grid_lines(*QUICK), flags)
+    assert [token for group in kept for token in group] == r1_takes
+    assert [token for group in left_out for token in group] == [f for f in flags if f not in r1_takes]
+
+
+@pytest.mark.parametrize("flags, reason", [
+    (["--injection", "gated", "--help"], "--help among the train.py flags"),
+    (["--injection", "gated", "--he"], "--help among the train.py flags"),  # argparse takes an abbreviation too
+    (["--r", "2"], "--r is set by the grid"),
+    (["--injection", "hyper", "--r-bwd", "2"], "hyper injection needs full BPTT"),
+    (["--no-such-flag"], "unrecognized arguments"),
+], ids=["help", "help-abbreviated", "grid-flag", "a-model-the-looped-runs-refuse", "unknown-flag"])
+def test_flags_an_ablation_cannot_run_are_refused_before_anything_trains(flags, reason):
+    with pytest.raises(DataError, match=reason):
+        ablation_report.r1_flags(grid_lines(*QUICK), flags)
+
+
+def test_train_py_help_among_the_flags_is_one_line_and_leaves_no_folder(tmp_path):
+    """What ran 14 train.py --help, reported "14 trained now" and left its folder behind: one line, exit 2."""
+    out = tmp_path / "cpu-micro-scaled-quick"
+    proc = ablate("scaled", "--quick", "--", "--injection", "scaled", "--help", OUT=str(out))
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and "--help" in proc.stderr, proc.stderr
+    assert proc.stdout == "" and not out.exists()
+
+
+def test_ablate_sh_help_says_what_it_does():
+    proc = ablate("--help")
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: bash dev/ablate.sh NAME [--quick] [--plan]")
+    assert "--plan lists every run" in proc.stdout and "INCOMPLETE" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def committed_data(tmp_path_factory):
+    """A dataset folder with the meta.json the committed cpu-micro runs were trained on (the checksums in their
+    identity, 3,127 validation rows) and no token rows: all that a run's identity reads of its data."""
+    row = json.loads((RESULTS / "cpu-micro" / "results.jsonl").read_text().splitlines()[0])
+    data, val_rows = row["identity"]["data"], row["data_meta"]["val_rows"]
+    folder = meta_only_dataset(tmp_path_factory.mktemp("micro") / "data", val_rows=val_rows,
+                               **{k: data[k] for k in ("tokenizer_sha256", "train_sha256", "val_sha256", "vocab_size",
+                                                       "seq_len")})
+    (folder / "val.bin").write_bytes(bytes(2 * val_rows * (data["seq_len"] + 1)))  # the size meta.json says
+    return folder
+
+
+def test_the_plan_lists_each_run_reused_or_to_train_with_its_flags_and_writes_nothing(committed_data, tmp_path):
+    """--plan of a loop-flag ablation: every r = 1 run is the base's, reused from a committed folder whose run_id
+    is its identity (not given the flag, which means nothing there), every r = 4 run gets the flag and is to
+    train, with a time; the steps are flops.py's for the budget, as the committed runs'; nothing is written."""
+    out = tmp_path / "cpu-micro-rsi-quick"
+    proc = ablate("rsi", "--quick", "--plan", "--", "--random-state-init", OUT=str(out), DATA=str(committed_data))
+    assert proc.returncode == 0, proc.stderr
+    committed = {Path(row["out"]).name: row for row in read_jsonl(RESULTS / "cpu-micro" / "results.jsonl")}
+    runs = [line.split() for line in proc.stdout.splitlines() if "_micro " in line]
+    assert len(runs) == 14
+    for name, r, d, budget, steps, *rest in runs:
+        assert int(steps) == committed[name]["steps"] and float(budget) == committed[name]["flops_budget"], name
+        if r == "1":
+            flags, state, folder = rest
+            assert (flags, state) == ("(none)", "reuse"), rest
+            assert json.loads((ROOT / folder / "final.json").read_text())["run_id"] == committed[name]["run_id"]
+        else:
+            assert rest[0] == "--random-state-init" and rest[-1] == "train" and rest[-2] in ("s", "min"), rest
+    assert "14 runs: 7 to train, 7 reused" in proc.stdout
+    assert "r = 1 runs: not given --random-state-init" in proc.stdout and "time to train: ~" in proc.stdout
+    assert not out.exists()
+
+
+def test_a_failed_ablation_is_marked_incomplete_and_its_report_refused(tmp_path):
+    """A failure after ablate.sh has started (here its data is damaged: val.bin empty) leaves OUT/INCOMPLETE saying
+    how it stopped and no fit/ablation.txt; dev/ablation_report.py refuses the folder in one line."""
+    data = meta_only_dataset(tmp_path / "data", val_rows=3127)
+    out = tmp_path / "cpu-micro-rsi-quick"
+    proc = ablate("rsi", "--quick", "--", "--random-state-init", OUT=str(out), DATA=str(data))
+    assert proc.returncode == 2, proc.stderr
+    assert "failed (exit 2)" in (out / "INCOMPLETE").read_text()
+    assert not (out / "fit" / "ablation.txt").exists()
+    refused = subprocess.run([sys.executable, str(ROOT / "dev" / "ablation_report.py"), str(out)],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1
+    assert "not a finished ablation" in refused.stderr and "INCOMPLETE" in refused.stderr

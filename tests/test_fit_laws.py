@@ -462,19 +462,20 @@ def test_plots_are_readable_at_a_glance():
     level, budgets = fl.budget_levels([row["flops_budget"] for row in rows])
     colours = [plt.get_cmap("viridis")(j / (len(budgets) - 1)) for j in range(len(budgets))]
     title = fl.plot_title(CPU_MICRO)
+    import fit_plots
     assert title == "cpu-micro-v2-flat"
     losses = [row["val_loss"] for row in rows]
-    by_budget = fl.BudgetColours(level, budgets, colours)
-    iso = fl.plot_isoflop(plt, res, rows, by_budget, title)
+    by_budget = fit_plots.BudgetColours(level, budgets, colours)
+    iso = fit_plots.plot_isoflop(plt, res, rows, by_budget, title)
     low, high = iso.axes[0].get_ylim()
     assert min(losses) - 0.2 < low <= min(losses) and max(losses) <= high < max(losses) + 0.2
     labels = [t.get_text() for t in iso.legends[0].get_texts()]
     assert [f"C = {C:.3g} FLOPs" for C in budgets] == labels[:len(budgets)]
     assert any("compute-optimal" in label for label in labels) and title in iso._suptitle.get_text()
-    pva = fl.plot_pred_vs_actual(plt, res, rows, by_budget, title)
+    pva = fit_plots.plot_pred_vs_actual(plt, res, rows, by_budget, title)
     labels = [t.get_text() for t in pva.axes[0].get_legend().get_texts()]
     assert set(labels) >= {fl.arch_label(k) for k in fl.by_arch(rows)} | {f"C = {C:.3g}" for C in budgets}
-    front = fl.plot_frontier(plt, res, budgets, title)
+    front = fit_plots.plot_frontier(plt, res, budgets, title)
     for ax in front.axes:
         assert [t.get_text() for t in ax.get_xticklabels()] == [f"{C:.2g}" for C in budgets]
         assert not any(t.get_text() for t in ax.get_xminorticklabels())
@@ -666,6 +667,59 @@ def test_delta_phi_ci_is_the_percentiles_of_the_paired_differences():
     assert out["pairs"] == 180 and out["delta_phi"] == pytest.approx(-0.08)
     assert out["delta_phi_ci"] == [float(np.percentile(diff, 2.5)), float(np.percentile(diff, 97.5))]
     assert out["excludes_zero"] == (out["delta_phi_ci"][1] < 0)
+
+
+@pytest.mark.parametrize("name, cis, reached", [
+    ("phi", [[-3.0, 1.0153]], [-3.0]),                       # the plain CPU anchor's: its lower end is the box's
+    ("phi", [[-3.0, 3.0]], [-3.0, 3.0]),                     # a category that follows no law
+    ("phi", [[0.9181, 1.2872]], []),                         # measured
+    ("phi", [[0.92, 1.29], [-3.0, 1.02]], [-3.0]),           # a delta-phi: one arm's CI is the box's
+    ("E", [[math.exp(-3), 4.4962]], [math.exp(-3)]),         # E is searched as log E in [-3, 2]
+    ("alpha", [[0.0, 2.5]], [0.0, 2.5]),
+    ("A", [None], []),                                       # no bootstrap
+])
+def test_a_ci_reaches_the_search_box_where_its_end_is_the_boxs_edge(name, cis, reached):
+    assert laws.ci_bounds_reached(name, *cis) == pytest.approx(reached)
+
+
+def test_a_ci_at_the_search_bound_is_printed_as_not_identified_and_flagged_in_the_json():
+    """A 95% CI that runs to the edge of the fitter's box (phi in [-3, 3]) is where the search stops, not an
+    interval the data give: the report says "not identified" in its place, --json keeps the numbers and says
+    <param>_ci_at_bound. A CI inside the box is printed as the interval it is."""
+    for grid, at_bound in (("cpu-micro", True), ("cpu-micro-layout", False)):
+        stored = json.loads((STUDY / grid / "fit" / "fit.json").read_text())
+        analysis = fl.restored_analysis(stored)
+        lines = []
+        fl.report(analysis, grid, say=lines.append)
+        text = "\n".join(lines)
+        joint, (lo, hi) = stored["joint"], stored["joint"]["phi_ci"]
+        if at_bound:
+            assert lo == laws.BOX_LO[5]  # the premise: the plain anchor does not identify phi (dev/README.md)
+            assert f"phi   = {joint['phi']:.4f} (CI reaches the bound -3: not identified)" in text
+            assert f"[{lo:.4f}," not in text
+        else:
+            assert f"phi   = {joint['phi']:.4f} [{lo:.4f}, {hi:.4f}]" in text
+        out = fl.json_ready(analysis)["joint"]
+        assert out["phi_ci_at_bound"] is at_bound and out["phi_ci"] == [lo, hi]
+        assert out["alpha_ci_at_bound"] is False
+
+
+def test_delta_phi_with_an_arm_at_the_search_bound_is_not_identified():
+    """The differences' interval is the box's wherever an arm's is (+0.30 [+0.03, +4.16] was the plain anchor's
+    -3 showing through): the report says so and --json flags it; two measured arms give the interval."""
+    rng = np.random.default_rng(0)
+    measured = rng.normal(1.1, 0.08, 200)
+    at_box = np.concatenate([np.full(20, -3.0), rng.normal(0.8, 0.1, 180)])  # 10% of the resamples at phi = -3
+    boots = [{"draws": {"phi": draws.tolist()}, "phi_ci": [float(np.percentile(draws, q)) for q in (2.5, 97.5)]}
+             for draws in (at_box, measured, rng.normal(1.0, 0.08, 200))]
+    lines = []
+    plain, layout, variant = ({"joint": {"phi": float(np.median(b["draws"]["phi"]))}, "bootstrap": b} for b in boots)
+    d = fl.report_delta_phi(plain, layout, "base", "layout", say=lines.append)
+    assert d["delta_phi_ci_at_bound"] is True and d["delta_phi_ci"][1] > 3  # the numbers stay, for --json
+    assert f"= {d['delta_phi']:+.4f} (an arm's phi CI reaches the bound -3: not identified)" in lines[0]
+    d = fl.report_delta_phi(layout, variant, "layout", "variant", say=lines.append)
+    lo, hi = d["delta_phi_ci"]
+    assert d["delta_phi_ci_at_bound"] is False and f"= {d['delta_phi']:+.4f} [{lo:+.4f}, {hi:+.4f}] (95% CI" in lines[1]
 
 
 def test_bootstrap_resamples_whole_cells(small_bootstrap):

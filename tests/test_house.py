@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # The entry points: each is run, none is imported by another file of the project (tests and dev/ aside).
-SCRIPTS = ("train.py", "evaluate.py", "fit_laws.py", "prepare_data.py")
+SCRIPTS = ("train.py", "evaluate.py", "fit_laws.py", "prepare_data.py", "allocate.py", "export_hf.py")
 MODULES = sorted(path.stem for path in ROOT.glob("*.py"))
 DEV_SCRIPTS = sorted((ROOT / "dev").glob("*.py"))
 

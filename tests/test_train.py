@@ -82,11 +82,15 @@ def test_learns_beyond_unigram_and_writes_a_complete_row(sample_data, tmp_path):
                                                                        "identity": row["identity"]}
 
 
-@pytest.mark.parametrize("extra", [["--r", "4", "--injection", injection] for injection in flops.INJECTIONS] + [
-    ["--r", "4", "--injection", "linear", "--r-bwd", "2"],
-    ["--r", "4", "--injection", "additive", "--r-bwd", "1"],
-    ["--r", "1"],
-])
+# Each case's id is its mode (`pytest -k gated` runs a new mode's tests), the modes read from flops.INJECTIONS.
+MODE_CASES = [pytest.param(["--r", "4", "--injection", injection], id=injection) for injection in flops.INJECTIONS] + [
+    pytest.param(["--r", "4", "--injection", "linear", "--r-bwd", "2"], id="linear-truncated"),
+    pytest.param(["--r", "4", "--injection", "additive", "--r-bwd", "1"], id="additive-truncated"),
+    pytest.param(["--r", "1"], id="plain-r1"),
+]
+
+
+@pytest.mark.parametrize("extra", MODE_CASES)
 def test_every_mode_trains(sample_data, tmp_path, extra):
     """Each injection mode, truncated BPTT and the plain r = 1 stack train: the loss falls, the row's counts are
     flops.py's for that model, its LRs are the transfer rule's for its horizon (r = 1 from the r = 1 reference,
