@@ -1,8 +1,8 @@
 """
 What every script shares, in one place (nanochat keeps such helpers in its common.py): the one-line error
-convention, the argparse value types, and crash-safe files (atomic writes, appended rows, JSON and JSON-lines
-readers that name the file they could not read, a check of a record's structure). Pure Python: flops.py and
-fit_laws.py import it too.
+convention, stopping on a signal, the argparse value types, and crash-safe files (atomic writes, appended rows,
+JSON and JSON-lines readers that name the file they could not read, a check of a record's structure). Pure
+Python: flops.py and fit_laws.py import it too.
 
 The two contracts every script keeps: an error the user must fix is one line on stderr, `<script>: <message>`,
 exit 2 for bad input and 1 for a failed write (argparse's errors too, its value types named for what they accept
@@ -17,6 +17,7 @@ import fcntl
 import json
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -38,6 +39,36 @@ def one_line_errors(parser, prog):
     """argparse's errors (a bad flag or value) as fail(prog, ...): one line and exit 2, not the usage block."""
     parser.error = lambda message: fail(prog, message)
     return parser
+
+
+def on_stop_signals(prog, first):
+    """Route SIGINT (Ctrl-C) and SIGTERM (timeout, kill, a scheduler) to first(signal name), once: the script stops
+    where it can stop cleanly. A second SIGINT exits at once, 130, raised as SystemExit where the program is: a
+    file atomic_write is writing stays as it was (the temp file is removed, the old file is whole). A repeated
+    SIGTERM is ignored: a launcher (torchrun, srun) passes on a SIGTERM its processes may have had already."""
+    received = []
+
+    def handler(signum, frame):
+        if received and signum == signal.SIGINT:
+            # os.write, not print: a handler may run in the middle of a print, which print cannot re-enter
+            os.write(2, f"{prog}: interrupted again: exiting now; the files written so far are whole\n".encode())
+            raise SystemExit(130)
+        if not received:
+            received.append(signum)
+            first(signal.Signals(signum).name)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+
+
+def exit_on_stop_signals(prog, kept):
+    """SIGINT and SIGTERM exit at once, 143, with one line saying what is kept: for a script that writes each
+    result whole as it goes (append_row), so that stopping anywhere loses only the result in flight."""
+    def stop(name):
+        os.write(2, f"{prog}: interrupted ({name}): {kept}\n".encode())
+        raise SystemExit(143)
+
+    on_stop_signals(prog, stop)
 
 
 # ----------------------------------------------------------------------------------------------

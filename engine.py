@@ -197,3 +197,11 @@ def sample_texts(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top
             tokens = tokens[:tokens.index(tokenizer.bos_id)]
         texts.append(tokenizer.decode(tokens))
     return texts
+
+
+def print_samples(model, tokenizer, prompt, count, max_new_tokens, seed):
+    """train.py --sample: `count` continuations of `prompt` (temperature 0.8, top-k 50) printed with their prompt,
+    seeded by `seed`: a rerun prints the same."""
+    texts = sample_texts(model, tokenizer, [prompt] * count, max_new_tokens, 0.8, 50, seed)
+    for text in texts:
+        print(f"--- {prompt + text!r}")

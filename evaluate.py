@@ -445,4 +445,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    common.exit_on_stop_signals("evaluate.py", "the rows written so far are kept; the same command scores the rest")
     sys.exit(main())

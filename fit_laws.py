@@ -38,7 +38,8 @@ from laws import (BOX_HI, BOX_LO, CONFIG_FIELDS, HUBER_DELTA, column, arch_key, 
 import laws  # noqa: E402 (its file is part of a stored analysis' fingerprint)
 import truncate_law  # noqa: E402 (so is this one's)
 
-from common import DataError, check_writable, fail, finite_float, one_line_errors, positive_int
+import common  # noqa: E402
+from common import DataError, atomic_write, check_writable, fail, finite_float, one_line_errors, positive_int
 from eval_tasks import CATEGORIES, category_losses, read_categories
 from common import positive_int_list, read_rows
 from fit_plots import make_plots, make_truncate_plots
@@ -534,7 +535,7 @@ def fit_truncate_law(args, path, rows, notes):
     analysis["notes"][:0] = notes
     report_truncate_law(analysis, str(path))
     if args.json:
-        Path(args.json).write_text(json.dumps(analysis, indent=1, default=float))
+        atomic_write(args.json, json.dumps(analysis, indent=1, default=float).encode())
         print(f"\nwrote {args.json}")
     if args.plots:
         names = make_truncate_plots(analysis, args.plots, plot_title(path))
@@ -832,7 +833,7 @@ def fit_and_report(args):
         out["equivalence"] = equivalence(*args.equiv, phi, layout)
         report_equivalence(out["equivalence"])
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1, default=float))
+        atomic_write(args.json, json.dumps(out, indent=1, default=float).encode())
         print(f"\nwrote {args.json}")
     if args.plots and fits:
         names = make_plots(fits[0], sweeps[0][1], args.plots, plot_title(args.results), args.results)
@@ -851,4 +852,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    common.exit_on_stop_signals(PROG, "the fits stopped; nothing more is written")
     main()

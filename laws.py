@@ -20,6 +20,7 @@ equivalence of model sizes (§1, App. G.5) and delta-phi between two sweeps (§5
 """
 import math
 import os
+import signal
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import fields
 
@@ -211,12 +212,28 @@ def _solve_each(task):
     return [solve(data, x0) for x0 in starts]
 
 
+def _worker_start():
+    """A pool worker leaves stopping to its parent: it ignores Ctrl-C (which a terminal sends to every process
+    of the group) and dies of SIGTERM, whatever handler it inherited by fork from the script."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def pmap(fn, tasks, workers):
-    """map() over `workers` processes (fork keeps it cheap), in order, contiguous chunks per process."""
+    """map() over `workers` processes (fork keeps it cheap), in order, contiguous chunks per process. Interrupted
+    (Ctrl-C, or a stop signal's SystemExit), it terminates its workers before passing the interrupt on: leaving
+    the pool would wait for the rest of their chunks, up to a whole bootstrap."""
     if workers <= 1 or len(tasks) <= 1:
         return [fn(t) for t in tasks]
-    with ProcessPoolExecutor(max_workers=min(workers, len(tasks))) as ex:
+    ex = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), initializer=_worker_start)
+    try:
         return list(ex.map(fn, tasks, chunksize=-(-len(tasks) // workers)))
+    except BaseException:
+        for process in list(ex._processes.values()):  # its workers (Python 3.14 names this terminate_workers())
+            process.terminate()
+        raise
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
 
 
 def multistart(solve, data, starts, workers=1):

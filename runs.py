@@ -23,7 +23,7 @@ import torch
 import flops
 from common import (DataError, append_row, atomic_write, check_fields, count, load_json, positive_int,
                     positive_int_list)
-from dataloader import data_identity, read_meta
+from dataloader import RowLoader, data_identity, read_meta
 import tracking
 from model import GPT
 from muonh import GROUP_NAMES, RECIPE_GROUPS, add_lr_args, learning_rates, lr_settings
@@ -114,6 +114,43 @@ def plan_run(args, meta, world):
     if rows_per_rank % device_batch:
         raise DataError(f"--device-batch {device_batch} does not divide the {rows_per_rank} rows per rank per step")
     return RunPlan(cfg, recipe, horizon, device_batch)
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything one training run of train.py holds, declared here (results_row reads it) and filled in phases:
+    train.main() from the flags and the data (nothing touched yet), setup() the devices, model, optimisers and
+    data, train_loop() what it measures."""
+    # main(): what the flags and the data make of the run
+    args: argparse.Namespace
+    meta: dict                      # the prepared data's meta.json
+    cfg: flops.ModelConfig
+    recipe: Recipe                  # its batch rule and LR schedule (recipe.py)
+    horizon: Horizon                # steps, batch_tokens, tokens_target
+    device_batch: int               # rows per micro-batch per rank (--device-batch, or plan_run's choice)
+    identity: dict                  # what makes two runs the same run (runs.run_identity)
+    run_id: str                     # its sha256
+    name: str                       # r4_s0.5_rb4_linear_C5e+12_seed0: the row's "run"
+    out: Path                       # the run folder
+    results: Path | None            # the results file the row is appended to
+    tokenizer: object | None        # --sample's tokenizer, loaded before the compute
+    # setup()
+    device: torch.device = None
+    autocast: object = None         # a torch.autocast for bf16 runs, else a no-op context
+    model: GPT = None
+    backend: str = ""               # the attention kernel: fa3, fa2 or sdpa
+    optimizers: list = dataclasses.field(default_factory=list)  # MuonH and AdamW (muonh.build_optimizers)
+    progress: dict = dataclasses.field(default_factory=dict)    # the loop's state a checkpoint keeps (runs.PROGRESS_KEYS)
+    train_loader: RowLoader = None
+    val_loader: RowLoader = None
+    val_batches: int = 0
+    compile_s: float | None = None                  # what --compile's torch.compile took (runs.compile_or_eager)
+    ddp_model: torch.nn.Module = None               # what the loop calls: the (compiled) model, in DDP under torchrun
+    # train_loop()
+    summary: dict = dataclasses.field(default_factory=dict)     # flops.summary: the config's counts and FLOPs
+    device_name: str = ""
+    t_start: float = 0.0
+    log_file: tracking.RunLog | None = None         # log.jsonl (and the wandb run), rank 0 only
 
 
 def run_identity(args, meta, plan):

@@ -426,7 +426,7 @@ def price_plan(lines, data_dir, results, flops_per_s):
     rows = [priced_line(parser, line, data_shape, meta is not None) for line in lines if line.strip()]
     if not rows:
         raise ValueError("no plan lines on stdin (expected 'name|train.py flags')")
-    print(f"{'run':<30}{'r':>3}{'r_bwd':>6}{'s':>7}{'C':>10}{'D/D0':>7}{'N':>15}{'tokens D':>16}{'batch':>8}"
+    print(f"{'run':<30}{'r':>3}{'r_bwd':>6}{'s':>9}{'C':>10}{'D/D0':>7}{'N':>15}{'tokens D':>16}{'batch':>8}"
           f"{'steps':>8}{'F*D':>11}{'measured':>11}")
     totals = [0.0, 0.0]
     for name, cfg, horizon, recipe, budget in rows:
@@ -436,7 +436,7 @@ def price_plan(lines, data_dir, results, flops_per_s):
         budget_text, level = "-", f"{horizon.tokens_target / recipe.d0:g}"
         if budget is not None:  # a FLOP budget; D/D0 is for a token horizon
             budget_text, level = f"{budget:.3g}", "-"
-        print(f"{name:<30}{cfg.r:>3}{cfg.r_bwd:>6}{cfg.scale:>7g}{budget_text:>10}{level:>7}"
+        print(f"{name:<30}{cfg.r:>3}{cfg.r_bwd:>6}{cfg.scale:>9g}{budget_text:>10}{level:>7}"
               f"{flops.param_counts(cfg)['n_params']:>15,}{tokens:>16,}{horizon.batch_tokens // cfg.seq_len:>8,}"
               f"{horizon.steps:>8,}{spent[0]:>11.3e}{spent[1]:>11.3e}")
     where_shape = ""

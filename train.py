@@ -1,29 +1,28 @@
 """
-Train one looped transformer of the iso-depth grid; one invocation = one row of the scaling study.
+Train one looped transformer; one invocation = one row of a scaling study (iso-depth, or Truncate or Not?).
 
     python train.py --r 4 --scale 2 --data data/micro-2k --flops 1e13 ...   # one process, CPU or GPU
     torchrun --nproc_per_node=8 -- train.py --r 4 --scale 10 --flops 1e18  # DDP; without --, torchrun takes --r
 
-Horizon: --flops C (steps = round(C / (F B)), the sweep's mode), --tokens or --tokens-per-param. Recipe (paper
-§4.1, App. E): MuonH for block matrices, AdamW for the rest, LRs transferred across width, batch and horizon.
+Horizon: --flops C (steps = round(C / (F B)), the sweep's mode), --tokens or --tokens-per-param; on CPU one is
+required (the GPU default, 20 tokens per parameter in 262,144-token steps, is hours there). Recipe (--recipe,
+recipe.py): MuonH for block matrices, AdamW for the rest, LRs transferred across width, batch and horizon.
 The run's identity and run_id (runs.py) go into --out's run.json, ckpt.pt and final.json and into the row
 appended to --results (before final.json). Top to bottom: main (flags, identity, what the folder holds, the
 lock), setup (devices, model, optimisers, resume, data), train_loop, finish (checkpoint, validation, the row).
 Exit: 0 trained / "already done:" / "reused:" / "restored:"; 2 bad input or another run's files; 1 diverged
 (no row) or a write failed (the last checkpoint is kept); 75 "busy:" (--out locked by a live process); 143
-interrupted (--resume continues it).
+stopped by SIGINT/SIGTERM, the last finished step checkpointed (--resume continues it exactly); 130 a second
+Ctrl-C while stopping (at once; ckpt.pt stays the last one written whole).
 """
-import argparse
 import contextlib
 import fcntl
 import json
 import math
 import os
-import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -35,16 +34,19 @@ import flops
 import tracking
 from common import DataError, append_row, atomic_write
 from dataloader import RowLoader, load_tokenizer, read_meta
-from engine import sample_texts
+from engine import print_samples
 from model import GPT
 from muonh import build_optimizers
-from recipe import Horizon, Recipe, lr_multiplier
-from runs import (compile_or_eager, eager_blocks, finished_row, load_run_model, open_outputs, plan_run,
+from recipe import DEFAULT_TOKENS_PER_PARAM, lr_multiplier
+from runs import (Run, compile_or_eager, eager_blocks, finished_row, load_run_model, open_outputs, plan_run,
                   restore_checkpoint, results_row, run_identity, save_checkpoint, settle, train_parser)
 
-# SIGTERM/SIGINT (preemption, Ctrl-C) only set this event: the step in flight finishes, then every
-# rank agrees to stop, a checkpoint is written and the run exits; --resume continues it exactly.
+# SIGTERM/SIGINT (preemption, timeout, Ctrl-C) set this event (stop_requested). One process stops at its next
+# micro-batch, dropping a step that gradient accumulation can make minutes long. Under torchrun the ranks agree
+# once a step (an all_reduce), so the step in flight finishes: a check per micro-batch would be a collective and
+# a GPU sync each. The last finished step is checkpointed, the run exits 143, and --resume continues it exactly.
 STOP = threading.Event()
+LOOP = {"step": 0, "steps": 0}  # the last finished step, which the stop message names (train_loop keeps it)
 RANK = int(os.environ.get("RANK", 0))  # set by torchrun
 WORLD = int(os.environ.get("WORLD_SIZE", 1))
 # Divergence without NaN: a run starts at the uniform loss ln(V) (lm_head ~ 0 at init) and goes down;
@@ -72,42 +74,6 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-@dataclass
-class Run:
-    """Everything one training run holds, declared here and filled in phases: main() from the flags and the
-    data (nothing touched yet), setup() the devices, model, optimisers and data, train_loop() what it measures."""
-    # main(): what the flags and the data make of the run
-    args: argparse.Namespace
-    meta: dict                      # the prepared data's meta.json
-    cfg: flops.ModelConfig
-    recipe: Recipe                  # its batch rule and LR schedule (recipe.py)
-    horizon: Horizon                # steps, batch_tokens, tokens_target
-    device_batch: int               # rows per micro-batch per rank (--device-batch, or plan_run's choice)
-    identity: dict                  # what makes two runs the same run (runs.run_identity)
-    run_id: str                     # its sha256
-    name: str                       # r4_s0.5_rb4_linear_C5e+12_seed0: the row's "run"
-    out: Path                       # the run folder
-    results: Path | None            # the results file the row is appended to
-    tokenizer: object | None        # --sample's tokenizer, loaded before the compute
-    # setup()
-    device: torch.device = None
-    autocast: object = None         # a torch.autocast for bf16 runs, else a no-op context
-    model: GPT = None
-    backend: str = ""               # the attention kernel: fa3, fa2 or sdpa
-    optimizers: list = field(default_factory=list)  # MuonH and AdamW (muonh.build_optimizers)
-    progress: dict = field(default_factory=dict)    # the loop's state a checkpoint keeps (runs.PROGRESS_KEYS)
-    train_loader: RowLoader = None
-    val_loader: RowLoader = None
-    val_batches: int = 0
-    compile_s: float | None = None                  # what --compile's torch.compile took (runs.compile_or_eager)
-    ddp_model: torch.nn.Module = None               # what the loop calls: the (compiled) model, in DDP under torchrun
-    # train_loop()
-    summary: dict = field(default_factory=dict)     # flops.summary: the config's counts and FLOPs
-    device_name: str = ""
-    t_start: float = 0.0
-    log_file: tracking.RunLog | None = None         # log.jsonl (and the wandb run), rank 0 only
-
-
 # ----------------------------------------------------------------------------------------------
 # 1. Flags -> the run's identity -> what its folder holds, before any device or output is touched
 
@@ -124,6 +90,12 @@ def main(argv=None):
         tokenizer = load_tokenizer(args.data) if args.sample else None  # --sample's file, checked before the compute
     except ValueError as e:
         fail(str(e))
+    if args.device == "cpu" and args.flops is None and args.tokens is None and args.tokens_per_param is None:
+        steps, batch_tokens = plan.horizon.steps, plan.horizon.batch_tokens  # the default is made for GPUs
+        fail(f"no horizon: on CPU give --tokens, --flops or --tokens-per-param (the quick start's: --tokens 4e5 "
+             f"--batch-tokens 2048). The default, {DEFAULT_TOKENS_PER_PARAM} tokens per parameter, would be {steps} "
+             f"steps of {batch_tokens // plan.cfg.seq_len // WORLD // plan.device_batch} micro-batches, "
+             f"{steps * batch_tokens:,} tokens")
     if identity["eval_rows"] < args.eval_rows:
         print0(f"train.py: --eval-rows {args.eval_rows} is more than the {meta['val_rows']} validation rows of "
                f"{args.data}: evaluating all {identity['eval_rows']}", file=sys.stderr)
@@ -135,11 +107,8 @@ def main(argv=None):
     row = finished_row(results, run_id)
     if row is not None:
         return report_finished(args, row, f"{run_id[:12]} has its row in {results}", tokenizer)
-    try:  # the full read for the checksums: only for a run not done yet
+    try:  # the full read for the checksums (only for a run not done yet), then the folder and its lock file
         read_meta(args.data)
-    except ValueError as e:
-        fail(str(e))
-    try:
         lock = open_outputs(out, results)
     except ValueError as e:
         fail(str(e))
@@ -164,7 +133,7 @@ def report_finished(args, row, where, tokenizer):
             model = load_run_model(row["out"], args.device)
         except ValueError as e:
             fail(str(e))
-        print_samples(model, tokenizer, args, contextlib.nullcontext())
+        print_samples(model, tokenizer, args.prompt, args.sample, args.sample_tokens, args.seed)
     return 0
 
 
@@ -289,6 +258,7 @@ def diverged(run, why):
 # 3. The training loop
 
 def print_header(run):
+    """What the run will do, before it does it: steps, micro-batches a step, tokens, FLOPs, the machine, the LRs."""
     args, summary, batch_tokens = run.args, run.summary, run.horizon.batch_tokens
     n_tokens = run.horizon.steps * batch_tokens
     grad_accum = batch_tokens // run.cfg.seq_len // WORLD // run.device_batch
@@ -296,8 +266,9 @@ def print_header(run):
     print0(f"{run.name}: N {summary['n_params'] / 1e6:.2f}M (once {summary['n_once'] / 1e6:.2f}M, rec "
            f"{summary['n_rec'] / 1e6:.2f}M), {run.horizon.steps} steps x {batch_tokens:,} tokens = {n_tokens:,} tokens, "
            f"{summary['flops_per_token'] * n_tokens:.3e} FLOPs, run_id {run.run_id[:12]}\n  {WORLD} x "
-           f"{run.device_name}, {run.identity['dtype']}, attention {run.backend}, micro-batch {run.device_batch} rows "
-           f"x {grad_accum} accumulation, LRs {lrs}")
+           f"{run.device_name} (threads: {torch.get_num_threads()}), {run.identity['dtype']}, attention {run.backend}, "
+           f"{grad_accum} x {run.device_batch}-row micro-batches a step, LRs {lrs}; ETA after step "
+           f"{run.progress['step'] + 1}")
     if n_tokens > run.meta["train_tokens"]:
         print0(f"WARNING: this run reads {n_tokens:,} tokens but {args.data} holds {run.meta['train_tokens']:,} "
                f"training tokens: it repeats data ({n_tokens / run.meta['train_tokens']:.2f} epochs)", file=sys.stderr)
@@ -305,13 +276,22 @@ def print_header(run):
 
 
 def train_step(run, step, grad_accum):
-    """One optimiser step over grad_accum micro-batches at the scheduled LR; the loss averaged over ranks."""
+    """One optimiser step over grad_accum micro-batches at the scheduled LR; the loss averaged over ranks. On one
+    process a stop between two micro-batches drops the step: (None, lr_mult)."""
     lr_mult = lr_multiplier(step, run.horizon.steps, run.args.final_lr_frac, run.recipe.warmup_frac, run.recipe.decay)
     for opt in run.optimizers:
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * lr_mult
     loss_sum = 0.0
+    start_row, cpu_rng = run.train_loader.row, torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state() if run.device.type == "cuda" else None
     for micro in range(grad_accum):
+        if micro > 0 and WORLD == 1 and STOP.is_set():  # drop the step: its rows and RNG draws (--random-state-init's
+            run.train_loader.row = start_row  # noise) undone, so that the checkpoint is the last finished step's
+            torch.set_rng_state(cpu_rng)  # and --resume redoes this one exactly (gradients are never saved)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state(cuda_rng)
+            return None, lr_mult
         x, y = run.train_loader.next_batch()
         sync = contextlib.nullcontext()
         if WORLD > 1 and micro < grad_accum - 1:
@@ -333,11 +313,15 @@ def train_loop(run):
     diverged_above = math.log(run.cfg.vocab_size) + DIVERGED_NATS
     patience = max(1, min(DIVERGED_STEPS, run.horizon.steps // 10))
     run.t_start, timed_tokens, timed_seconds = time.time(), 0, 0.0
+    first_step = progress["step"] + 1  # this process's first step (after a resume too) pays for allocator warm-up
+    LOOP.update(step=progress["step"], steps=run.horizon.steps)
     if RANK == 0:  # log.jsonl, and the wandb run with --wandb
         run.log_file = tracking.RunLog(run.out, args.wandb, args.wandb_group, run.run_id, run.name, run.identity)
     while progress["step"] < run.horizon.steps:
         t0 = time.time()
         train_loss, lr_mult = train_step(run, progress["step"], grad_accum)
+        if train_loss is None:  # a stop dropped the step
+            return interrupted(run)
         progress["train_loss"] = train_loss
         progress["high_loss_steps"] = 0 if train_loss <= diverged_above else progress["high_loss_steps"] + 1
         if not math.isfinite(train_loss) or progress["high_loss_steps"] >= patience:
@@ -347,36 +331,54 @@ def train_loop(run):
             opt.step()
         run.model.zero_grad(set_to_none=True)
         progress["step"] += 1
+        LOOP["step"] = progress["step"]
         step, dt = progress["step"], time.time() - t0
-        if step > 1 or run.horizon.steps == 1:  # the first step pays for allocator warm-up
+        if step > first_step:
             timed_tokens += run.horizon.batch_tokens
             timed_seconds += dt
         progress["tokens_per_s"] = timed_tokens / timed_seconds if timed_seconds else run.horizon.batch_tokens / dt
-        if RANK == 0 and (step % args.log_every == 0 or step == run.horizon.steps or step == 1):
-            log_progress(run, lr_mult, (run.horizon.steps - step) * timed_seconds / max(1, step - 1))
-        stop = all_reduce_mean(float(STOP.is_set()), run.device) > 0  # every rank stops together
+        if RANK == 0 and (step % args.log_every == 0 or step == run.horizon.steps or step == first_step):
+            log_progress(run, lr_mult)
+        if all_reduce_mean(float(STOP.is_set()), run.device) > 0:  # every rank stops together
+            return interrupted(run)
         periodic = args.save_every and step % args.save_every == 0 and step < run.horizon.steps
-        if (stop or periodic) and not checkpoint(run, time.time() - run.t_start):
+        if periodic and not checkpoint(run, time.time() - run.t_start):
             return diverged(run, "the weights are no longer finite")
-        if stop:
-            print0(f"train.py: interrupted at step {step}/{run.horizon.steps}; checkpoint saved to {run.out / 'ckpt.pt'}. "
-                   f"Rerun with --resume to continue.")
-            return 143
     return None
 
 
-def log_progress(run, lr_mult, eta):
+def interrupted(run):
+    """A stop: checkpoint the last finished step and say how to continue; exit 143 (1 if a weight is not finite)."""
+    if not checkpoint(run, time.time() - run.t_start):
+        return diverged(run, "the weights are no longer finite")
+    print0(f"train.py: interrupted at step {run.progress['step']}/{run.horizon.steps}; checkpoint saved to "
+           f"{run.out / 'ckpt.pt'}. Rerun with --resume to continue.")
+    return 143
+
+
+def stop_requested(signal_name):
+    """The first SIGINT or SIGTERM (common.on_stop_signals): set STOP, and say at once what happens next."""
+    STOP.set()
+    at = f"at step {LOOP['step'] + 1}/{LOOP['steps']}" if LOOP["steps"] else "before the first step"
+    if RANK == 0:  # os.write, not print: a signal handler may run in the middle of a print
+        os.write(1, f"train.py: stopping {at} ({signal_name}): a step not finished is dropped, the last finished "
+                    f"one checkpointed; Ctrl-C again exits now, without a checkpoint\n".encode())
+
+
+def log_progress(run, lr_mult):
     """One log.jsonl record and one progress line (tokens/s, GFLOP/s, MFU, ETA)."""
     progress, tokens_per_s = run.progress, run.progress["tokens_per_s"]
+    eta = (run.horizon.steps - progress["step"]) * run.horizon.batch_tokens / tokens_per_s
     mfu = flops.mfu(run.cfg, tokens_per_s, WORLD, run.device_name)
     record = {"step": progress["step"], "steps": run.horizon.steps, "loss": progress["train_loss"], "lr_mult": lr_mult,
               "tokens_per_s": tokens_per_s, "mfu": mfu, "train_row": run.train_loader.row,
               "elapsed_s": progress["wall_s"] + time.time() - run.t_start}
     run.log_file.write(record)
     mfu_text = f"{100 * mfu:.1f}%" if mfu else "n/a"
+    eta_text = f"{eta:.0f}s" if eta < 90 else f"{eta / 60:.1f}m"
     gflops = run.summary["flops_per_token"] * tokens_per_s / 1e9
     print(f"step {progress['step']:>6}/{run.horizon.steps} | loss {progress['train_loss']:.4f} | lrm {lr_mult:.3f} | "
-          f"{tokens_per_s:,.0f} tok/s | {gflops:,.1f} GFLOP/s | mfu {mfu_text} | eta {eta / 60:.1f}m", flush=True)
+          f"{tokens_per_s:,.0f} tok/s | {gflops:,.1f} GFLOP/s | mfu {mfu_text} | eta {eta_text}", flush=True)
 
 
 def all_reduce_mean(value, device):
@@ -426,7 +428,9 @@ def finish(run):
                  f"{run.out} and its checkpoint are kept: rerun with --resume to write the row", code=1)
         atomic_write(run.out / "final.json", (json.dumps(row, indent=1) + "\n").encode())
         if run.tokenizer is not None:  # a look at what the model learned
-            print_samples(run.model, run.tokenizer, run.args, run.autocast)
+            with run.autocast:
+                print_samples(run.model, run.tokenizer, run.args.prompt, run.args.sample, run.args.sample_tokens,
+                              run.args.seed)
         run.log_file.close(row)
     if ckpt_error is not None:
         print0(f"train.py: the row is written, but the final checkpoint could not be ({ckpt_error.filename}: "
@@ -436,15 +440,6 @@ def finish(run):
     return 0
 
 
-def print_samples(model, tokenizer, args, autocast):
-    """--sample continuations of --prompt (temperature 0.8, top-k 50), seeded by --seed: a rerun prints the same."""
-    with autocast:
-        texts = sample_texts(model, tokenizer, [args.prompt] * args.sample, args.sample_tokens, 0.8, 50, args.seed)
-    for text in texts:
-        print(f"--- {text!r}")
-
-
 if __name__ == "__main__":
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: STOP.set())
+    common.on_stop_signals("train.py", stop_requested)
     sys.exit(main())

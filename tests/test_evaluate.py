@@ -12,9 +12,11 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -684,6 +686,37 @@ def test_rows_per_run_task_and_r_and_a_rerun_loads_nothing(run_dir, tasks_dir, t
     assert "already done" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stopped_evaluation_exits_with_its_rows_kept_and_a_rerun_scores_the_rest(run_dir, tasks_dir, tmp_path,
+                                                                                    signum):
+    """Old: Ctrl-C was a KeyboardInterrupt traceback and SIGTERM a silent death. Now either, sent once the first
+    of 15 rows is written, exits 143 with one line saying what is kept; the rows written are whole, and the same
+    command then scores only the missing ones."""
+    results = tmp_path / "eval.jsonl"
+    args = ["evaluate.py", str(run_dir), "--bundles", "primitives", "--tasks-dir", str(tasks_dir), "--num-fewshot",
+            "0", "--max-items", "300", "--eval-r", "1,4", "--results", str(results)]  # 5 tasks x 3 loop counts
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120  # a liveness bound, not a timing
+    while time.time() < deadline and proc.poll() is None and not (results.exists() and results.read_text()):
+        time.sleep(0.01)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=120)
+    name = signal.Signals(signum).name
+    assert proc.returncode == 143, stderr[-2000:]
+    assert stderr.splitlines()[-1] == (f"evaluate.py: interrupted ({name}): the rows written so far are kept; the "
+                                       f"same command scores the rest")
+    assert "Traceback" not in stderr
+    kept = read_rows(results)  # every line whole JSON
+    assert 1 <= len(kept) < 15
+    rerun = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    rows = read_rows(results)
+    assert rows[:len(kept)] == kept and len(rows) == 15
+    assert len({(row["task"], row["r"]) for row in rows}) == 15
+
+
 def test_a_row_loss_is_the_tasks_gold_nats_over_its_gold_tokens(run_dir, tokenizer, tmp_path):
     """App. I.1 (Heineman et al.): a task's loss in its row is the summed gold-continuation nats of all its
     items over their summed continuation tokens (items of 1 to 6 tokens: not a mean over items), recomputed
@@ -913,17 +946,18 @@ def test_a_results_file_holds_one_scoring_and_each_shot_count_its_own_rows(run_d
 
 
 # ---------------------------------------------------------------------------------------------
-# Sampling from a finished run (model.generate itself is tested in test_generate.py)
+# Sampling from a finished run (engine.generate itself is tested in test_generate.py)
 
-def test_sample_texts_sends_token_lists_and_stops_at_bos(tokenizer):
+def test_sample_texts_sends_token_lists_and_stops_at_bos(tokenizer, monkeypatch):
+    import engine
     calls = []
 
-    def generate(prompts, max_new_tokens, **kwargs):
+    def generate(model, prompts, max_new_tokens, **kwargs):
         calls.append((prompts, max_new_tokens, kwargs))
         return [tokenizer.encode(" and more") + [tokenizer.bos_id] + tokenizer.encode("junk"), tokenizer.encode(" text")]
 
     model = GPT(ModelConfig(**TINY))
-    model.generate = generate
+    monkeypatch.setattr(engine, "generate", generate)
     texts = sample_texts(model, tokenizer, ["Hello", "Hi there"], 12, 0.7, 5, 3)
     assert texts == [" and more", " text"]
     prompts, n, kwargs = calls[0]
@@ -934,11 +968,13 @@ def test_sample_texts_sends_token_lists_and_stops_at_bos(tokenizer):
 
 
 def test_prompt_flag_prints_samples_of_the_run(run_dir, tokenizer, capsys, monkeypatch):
-    def fake_generate(self, prompts, max_new_tokens, **kwargs):
-        assert isinstance(self, GPT) and self.lm_head.weight.device.type == "cpu"
+    import engine
+
+    def fake_generate(model, prompts, max_new_tokens, **kwargs):
+        assert isinstance(model, GPT) and model.lm_head.weight.device.type == "cpu"
         return [tokenizer.encode(" Paris.") for _ in prompts]
 
-    monkeypatch.setattr(GPT, "generate", fake_generate)
+    monkeypatch.setattr(engine, "generate", fake_generate)
     assert cli(run_dir, "--prompt", "The capital of France is", "--samples", "2") == 0
     assert capsys.readouterr().out == "--- The capital of France is Paris.\n" * 2
     model = evaluate.load_run_model(run_dir, "cpu")  # what train.py --sample loads: the final weights

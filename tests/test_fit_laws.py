@@ -9,9 +9,12 @@ on the real Chinchilla data.
 """
 import json
 import math
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -480,6 +483,76 @@ def test_plots_are_readable_at_a_glance():
         assert [t.get_text() for t in ax.get_xticklabels()] == [f"{C:.2g}" for C in budgets]
         assert not any(t.get_text() for t in ax.get_xminorticklabels())
     plt.close("all")
+
+
+# A script that fits with worker processes and exits on a stop signal as the project's scripts do (common's
+# exit_on_stop_signals): the joint fit, then a bootstrap long enough (2,000 resamples over 2 workers, each
+# worker's share one chunk) to be interrupted in the middle.
+FIT_SCRIPT = """
+import sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/dev"]
+import common, laws, synthetic_sweep
+common.exit_on_stop_signals("fit", "nothing is written")
+rows = synthetic_sweep.synthetic_rows(seed=0)
+fit = laws.fit_joint(rows, restarts=20, seed=0, workers=2)
+print("bootstrapping", flush=True)
+laws.bootstrap_joint(rows, fit, resamples=2000, restarts=16, seed=0, workers=2)
+print("finished", flush=True)
+"""
+
+
+@pytest.mark.parametrize("whom", ["the parent", "the whole group"])
+def test_a_fit_interrupted_in_its_worker_pool_exits_at_once_with_one_line_and_no_worker_left(whom):
+    """Old: leaving the process pool waited for the workers to finish their chunks, up to the whole bootstrap (a
+    Ctrl-C to fit_laws.py alone during the bootstrap took 56 s to exit), and a terminal's Ctrl-C, which reaches
+    every process of the group, printed a traceback per worker. Now the pool's workers ignore Ctrl-C and are
+    terminated by their parent, so either way the script's one line is all that is said and no worker outlives it."""
+    proc = subprocess.Popen([sys.executable, "-c", FIT_SCRIPT, str(ROOT)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline() == "bootstrapping\n", proc.stderr.read()[-2000:]
+    deadline = time.time() + 60  # liveness bounds, here and below, not timings
+    while time.time() < deadline and proc.poll() is None and group_size(proc.pid) < 3:  # the fit and its 2 workers
+        time.sleep(0.05)
+    if whom == "the parent":
+        proc.send_signal(signal.SIGINT)  # what a script or a sweep sends
+    else:
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
+    try:
+        stdout, stderr = proc.communicate(timeout=60)  # the bootstrap alone takes minutes
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert proc.returncode == 143 and stderr == "fit: interrupted (SIGINT): nothing is written\n", stderr[-2000:]
+    assert stdout == ""
+    deadline = time.time() + 30  # the terminated workers are reaped
+    while time.time() < deadline and group_alive(proc.pid):
+        time.sleep(0.1)
+    left = group_alive(proc.pid)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert not left, "a worker outlived the fit"
+
+
+def group_size(pgid):
+    """How many processes the group has now (Linux: the fifth field of /proc/PID/stat is the process group)."""
+    size = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[2]) == pgid:
+            size += 1
+    return size
+
+
+def group_alive(pgid):
+    """Whether any process of the group is left (signal 0 checks without sending anything)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------

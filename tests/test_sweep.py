@@ -4,8 +4,10 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -523,3 +525,72 @@ def test_smoke_sweep_end_to_end_then_idempotent_and_resumable(sample_data, tmp_p
     by_id = {row["run_id"]: row for row in rows}
     assert sorted(row["injection"] for row in variant_rows) == ["gated", "gated", "none", "none"]
     assert all((row["run_id"] in by_id) == (row["r"] == 1) for row in variant_rows)
+
+
+def group_alive(pgid):
+    """Whether any process of the group is left (signal 0 checks without sending anything)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# Two runs of the smoke grid, given 6 times their budget: long enough to be stopped in the middle.
+SMOKE_R4 = ["--grid", "smoke", "--budgets", "1e10", "--r", "4", "--no-fit", "--", "--flops", "6e10"]
+SMOKE_R4_RUNS = ("r4_s0.25_C1e10_smoke", "r4_s0.5_C1e10_smoke")
+
+
+def interrupt_sweep(env, whom, signum):
+    """Start the sweep in a session of its own, wait until each run's train.py has logged two progress lines in
+    this attempt, send signum to sweep.sh alone or to the whole group (a terminal's Ctrl-C), and return the exit
+    status, stderr and what each run logged in this attempt, once every process of the group is gone."""
+    logs = {name: Path(env["OUT"]) / "logs" / f"{name}.log" for name in SMOKE_R4_RUNS}
+    start = {name: path.stat().st_size if path.exists() else 0 for name, path in logs.items()}
+
+    def said(name):
+        return logs[name].read_text()[start[name]:] if logs[name].exists() else ""
+    proc = subprocess.Popen(["bash", "sweep.sh", *SMOKE_R4], cwd=REPO, env=dict(os.environ, **env), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 120  # liveness bounds, here and below, not timings
+    while time.time() < deadline and proc.poll() is None and min(said(n).count("\nstep ") for n in logs) < 2:
+        time.sleep(0.05)
+    if whom == "sweep.sh":
+        proc.send_signal(signum)
+    else:
+        os.killpg(proc.pid, signum)
+    _, stderr = proc.communicate(timeout=120)
+    deadline = time.time() + 30
+    while time.time() < deadline and group_alive(proc.pid):
+        time.sleep(0.1)
+    left = group_alive(proc.pid)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert not left, "a train.py outlived the sweep"
+    return proc.returncode, stderr, {name: said(name) for name in logs}
+
+
+def test_a_stopped_sweep_stops_every_run_at_once_and_a_rerun_resumes_them(sample_data, tmp_path):
+    """Ctrl-C in a terminal (SIGINT to every process of the group) or SIGTERM to sweep.sh alone (timeout, kill):
+    the sweep passes SIGTERM to its train.py runs (each started with `bash -c`, which execs it), each says it is
+    stopping, checkpoints its last finished step and exits 143, and the sweep exits 130 with no process of it
+    left. Rerun, it resumes each run where it stopped (--resume) and, the last time, finishes them."""
+    env = {"OUT": str(tmp_path / "sweep"), "DATA": str(sample_data), "CPU_JOBS": "2", "OMP_NUM_THREADS": "1",
+           "ALLOW_REPEAT": "1"}  # 6 times the budget reads the sample 1.4 times
+    stopped_at = {name: 0 for name in SMOKE_R4_RUNS}
+    for whom, signum in (("the group", signal.SIGINT), ("sweep.sh", signal.SIGTERM)):
+        code, stderr, said = interrupt_sweep(env, whom, signum)
+        assert code == 130 and "sweep.sh: interrupted" in stderr, stderr[-2000:]
+        for name, text in said.items():
+            assert f"train.py: stopping at step " in text, text[-2000:]
+            step, steps = map(int, re.search(r"train\.py: interrupted at step (\d+)/(\d+)", text).groups())
+            assert stopped_at[name] < step < steps, (whom, name, step)
+            if stopped_at[name]:
+                assert f"resumed {tmp_path / 'sweep' / 'runs' / name / 'ckpt.pt'} at step {stopped_at[name]}/" in text
+            stopped_at[name] = step
+    finished = sweep(*SMOKE_R4, env=env)
+    assert "2 configurations: 2 trained now" in finished.stdout
+    for name in SMOKE_R4_RUNS:
+        text = (tmp_path / "sweep" / "logs" / f"{name}.log").read_text().split("resumed ")[-1]
+        assert text.startswith(f"{tmp_path / 'sweep' / 'runs' / name / 'ckpt.pt'} at step {stopped_at[name]}/")
+        assert "final val loss" in text

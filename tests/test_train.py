@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import threading
@@ -239,6 +240,176 @@ def test_killed_run_resumes_exactly(sample_data, tmp_path):
     resumed9 = run_cli(*args9, "--out", str(out9), "--resume")
     assert resumed9.returncode == 0 and losses(out9) == ref
     assert json.loads((out9 / "final.json").read_text())["val_loss"] == ref_row["val_loss"]
+
+
+def start_training(*args):
+    """train.py as its own process (one thread), its output piped: for the tests that send it signals."""
+    return subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def wait_until(done, proc):
+    """Poll done() until it holds, the process has ended, or 120 s have passed (a liveness bound, not a timing)."""
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not done():
+        time.sleep(0.01)
+    assert done(), proc.communicate()[1][-2000:] if proc.poll() is not None else "timed out"
+
+
+def logged(out, step):
+    return lambda: (out / "log.jsonl").exists() and step in losses(out)
+
+
+# Steps of 64 micro-batches of one row each (gradient accumulation): seconds per step on 2 cores.
+ACCUMULATED = ["--r", "4", "--batch-tokens", "4096", "--device-batch", "1", "--tokens", "12288", "--save-every", "0"]
+
+
+def test_a_stop_mid_step_drops_the_step_and_resumes_exactly(sample_data, tmp_path):
+    """Old: SIGINT/SIGTERM were honoured between optimiser steps only, so a run whose step accumulates many
+    micro-batches ignored Ctrl-C and `timeout` for minutes. Now a SIGINT sent as step 2 begins is said at once
+    ("stopping at step 2/3"), step 2 is dropped at its next micro-batch instead of finished, step 1 is
+    checkpointed (exit 143), and --resume gives the uninterrupted run's losses bit for bit: the dropped step's
+    rows and RNG draws (--random-state-init's noise, drawn every forward) are undone."""
+    args = ["--data", str(sample_data), *TINY, *ACCUMULATED, "--random-state-init"]
+    reference = run_cli("train.py", *args, "--out", str(tmp_path / "ref"))
+    assert reference.returncode == 0, reference.stderr
+    out = tmp_path / "stopped"
+    proc = start_training(*args, "--out", str(out))
+    wait_until(logged(out, 1), proc)
+    proc.send_signal(signal.SIGINT)  # step 2 is in flight
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr[-2000:]
+    said = [line for line in stdout.splitlines() if line.startswith("train.py: ")]
+    assert len(said) == 2 and said[0].startswith("train.py: stopping at step 2/3 (SIGINT): "), said
+    assert said[1] == (f"train.py: interrupted at step 1/3; checkpoint saved to {out / 'ckpt.pt'}. Rerun with --resume "
+                       f"to continue.")
+    assert set(losses(out)) == {1} and torch.load(out / "ckpt.pt", weights_only=True)["step"] == 1
+    resumed = run_cli("train.py", *args, "--out", str(out), "--resume")
+    assert resumed.returncode == 0 and f"resumed {out / 'ckpt.pt'} at step 1/3" in resumed.stdout, resumed.stderr
+    assert losses(out) == losses(tmp_path / "ref"), "resumed losses differ from the uninterrupted run"
+    ref_row = json.loads((tmp_path / "ref" / "final.json").read_text())
+    assert json.loads((out / "final.json").read_text())["val_loss"] == ref_row["val_loss"]
+
+
+def test_a_second_ctrl_c_exits_at_once_and_keeps_the_last_whole_checkpoint(sample_data, tmp_path):
+    """A stop waits for the micro-batch in flight, here a whole step (one micro-batch of 256 rows). A second
+    Ctrl-C does not wait: exit 130 during step 2, no checkpoint written for it, so ckpt.pt is step 1's, whole,
+    with no temp file beside it."""
+    out = tmp_path / "run"
+    proc = start_training("--data", str(sample_data), *TINY, "--r", "4", "--batch-tokens", "16384", "--device-batch",
+                          "256", "--tokens", "49152", "--save-every", "1", "--out", str(out))
+    wait_until(lambda: (out / "ckpt.pt").exists(), proc)  # written after step 1: step 2 is in flight
+    step1 = (out / "ckpt.pt").read_bytes()
+    proc.send_signal(signal.SIGTERM)
+    line = proc.stdout.readline()
+    while line and not line.startswith("train.py: stopping at step 2/3 (SIGTERM)"):
+        line = proc.stdout.readline()
+    proc.send_signal(signal.SIGINT)  # the stop said, step 2 still in flight
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "train.py: interrupted again: exiting now" in stderr and "interrupted at step" not in stdout
+    assert (out / "ckpt.pt").read_bytes() == step1 and torch.load(out / "ckpt.pt", weights_only=True)["step"] == 1
+    assert sorted(path.name for path in out.iterdir()) == [".lock", "ckpt.pt", "log.jsonl", "run.json"]
+
+
+def test_a_cpu_run_without_a_horizon_is_refused_with_what_the_default_would_cost(sample_data, tmp_path):
+    """Old: no --flops/--tokens/--tokens-per-param on CPU trained the GPU default, 20 tokens per parameter at
+    262,144-token steps: 31 steps of 128 micro-batches for the quick start's model, hours. Now one line names
+    the flags to add and what the default would have been (steps, micro-batches, tokens), before any work."""
+    model = ["--r", "4", "--scale", "1", "--head-dim", "16", "--depth", "6", "--prelude", "1", "--coda", "1"]
+    refused = run_cli("train.py", "--data", str(sample_data), "--out", str(tmp_path / "run"), *model, "--device", "cpu",
+                      timeout=120)  # a liveness bound: the default itself would train for minutes
+    code, err = refused.returncode, refused.stderr.strip().splitlines()
+    cfg = flops.ModelConfig(r=4, scale=1, head_dim=16, depth=6, prelude=1, coda=1, vocab_size=512, seq_len=64)
+    steps = round(recipe.DEFAULT_TOKENS_PER_PARAM * flops.param_counts(cfg)["n_params"] / flops.BATCH_TOKENS)
+    micro = flops.BATCH_TOKENS // 64 // 16  # rows per step over the largest micro-batch of <= 16 rows
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("train.py: no horizon: on CPU give --tokens, --flops or --tokens-per-param")
+    assert f"would be {steps} steps of {micro} micro-batches, {steps * flops.BATCH_TOKENS:,} tokens" in err[0]
+    assert not (tmp_path / "run").exists()
+
+
+def progress_lines(stdout):
+    """(step, tok/s, ETA in seconds) of each progress line (log_progress)."""
+    found = []
+    for line in stdout.splitlines():
+        if line.startswith("step "):
+            fields = line.split(" | ")
+            eta = fields[-1].removeprefix("eta ")
+            seconds = float(eta[:-1]) * 60 if eta.endswith("m") else float(eta[:-1])
+            step = int(fields[0].split()[1].split("/")[0])
+            found.append((step, float(fields[3].split()[0].replace(",", "")), seconds))
+    return found
+
+
+def test_the_eta_is_the_steps_left_at_this_process_speed_from_its_first_step(sample_data, tmp_path, monkeypatch,
+                                                                               capsys):
+    """Old: the ETA read 0 at step 1 (no step timed yet), and after a resume divided the time since the resume by
+    every step so far. Now the header says after which step the ETA comes, and every progress line, the first
+    included, before and after a resume, is the steps left times the step time this process measures
+    (steps left x tokens a step / its tok/s)."""
+    real_train_step = train.train_step
+
+    def stop_after_five_steps(run, step, grad_accum):
+        if step == 4:
+            train.STOP.set()
+        return real_train_step(run, step, grad_accum)
+    monkeypatch.setattr(train, "STOP", threading.Event())
+    monkeypatch.setattr(train, "train_step", stop_after_five_steps)
+    horizon = ["--r", "2", "--tokens", "20480"]  # 40 steps of 512 tokens
+    assert run_inprocess(sample_data, tmp_path / "run", *horizon) == 143
+    stopped = capsys.readouterr().out
+    monkeypatch.setattr(train, "STOP", threading.Event())
+    monkeypatch.setattr(train, "train_step", real_train_step)
+    assert run_inprocess(sample_data, tmp_path / "run", *horizon, "--resume") == 0
+    resumed = capsys.readouterr().out
+    for out, steps in ((stopped, range(1, 6)), (resumed, range(6, 41))):
+        assert f"; ETA after step {steps[0]}\n" in out
+        lines = progress_lines(out)
+        assert [step for step, _, _ in lines] == list(steps)  # --log-every 1
+        for step, tokens_per_s, eta in lines:
+            expected = (40 - step) * 512 / tokens_per_s
+            assert abs(eta - expected) <= 0.5 + 1e-3 * expected, (step, eta, expected)  # printed rounded
+
+
+def test_samples_are_printed_with_their_prompt(sample_data, tmp_path, capsys):
+    """--sample prints prompt + continuation (old: the continuation alone), after training and again when the
+    finished run is asked for (what a rerun of dev/quickstart.sh shows): the same texts, seeded by --seed."""
+    args = ["--r", "2", "--tokens", "2048", "--sample", "2", "--sample-tokens", "6", "--prompt", "Once upon a time"]
+    assert run_inprocess(sample_data, tmp_path / "run", *args) == 0
+    trained = [line for line in capsys.readouterr().out.splitlines() if line.startswith("--- ")]
+    assert run_inprocess(sample_data, tmp_path / "run", *args) == 0
+    again = capsys.readouterr().out.splitlines()
+    assert again[0].startswith("already done: ") and again[1:] == trained
+    assert len(trained) == 2 and all(line.startswith("--- 'Once upon a time") for line in trained), trained
+    assert all(len(line) > len("--- 'Once upon a time'") for line in trained)  # something was sampled
+
+
+def test_the_quick_start_reruns_in_any_state(tmp_path):
+    """dev/quickstart.sh, shortened by flags it passes on to train.py (20 steps; data and run in tmp_path). Stopped
+    by Ctrl-C, a rerun resumes it (old: "ckpt.pt exists: pass --resume", and no flag passed on); finished, it ends
+    with three samples shown with their prompt; rerun then, it prints the result and samples and trains nothing,
+    and `--sample 5` gives five."""
+    out = tmp_path / "quickstart"
+    env = dict(os.environ, OMP_NUM_THREADS="1", DATA=str(tmp_path / "data"), PYTHON=sys.executable)
+    quickstart = ["bash", "dev/quickstart.sh", "--out", str(out), "--tokens", "40960", "--log-every", "1"]
+    proc = subprocess.Popen(quickstart, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    wait_until(logged(out, 3), proc)
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches bash and train.py
+    stdout, stderr = proc.communicate(timeout=120)
+    stopped = re.search(r"train\.py: interrupted at step (\d+)/20;", stdout)
+    assert proc.returncode == 143 and stopped, stderr[-2000:]
+    resumed = subprocess.run(quickstart, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed {out / 'ckpt.pt'} at step {stopped.group(1)}/20" in resumed.stdout
+    samples = [line for line in resumed.stdout.splitlines() if line.startswith("--- ")]
+    assert len(samples) == 3 and all(line.startswith("--- 'The capital of France is") for line in samples), samples
+    again = subprocess.run([*quickstart, "--sample", "5"], cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0 and again.stdout.startswith(f"already done: {out} holds this run"), again.stderr
+    samples = [line for line in again.stdout.splitlines() if line.startswith("--- ")]
+    assert len(samples) == 5 and all(line.startswith("--- 'The capital of France is") for line in samples), samples
 
 
 @pytest.mark.parametrize("bad, reason", [
