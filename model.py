@@ -36,6 +36,9 @@ from muonh import GROUP_NAMES
 
 LOGIT_SOFTCAP = 15.0  # nanochat's: logits stay in (-15, 15), computed in fp32
 EXIT_CRITERIA = ("kl", "latent")  # ExitRule.criterion
+# cpu_attention.py's kernel keeps 16 queries in one vector whatever the head dim, so it beats SDPA only at small
+# heads: one layer's fwd + bwd at d = 128 (dev/bench_train.py --attention) KERNEL_RATIOS_PLACEHOLDER.
+KERNEL_MAX_HEAD_DIM = 8
 NORM_EPS = 1e-6  # every RMSNorm's, the blocks', the model-level ones and QK-norm
 ROPE_BASE = 10000.0  # nanochat's
 
@@ -43,11 +46,13 @@ ROPE_BASE = 10000.0  # nanochat's
 # ----------------------------------------------------------------------------------------------
 # Attention backend: one small function decides, once per device.
 
-def attention_backend(device):
+def attention_backend(device, head_dim=None):
     """('fa3', fn) on Hopper with FlashAttention-3, ('fa2', fn) with FlashAttention-2 installed, ('cpu', fn) on
-    CPU with cpu_attention.py's kernel built, else ('sdpa', None): PyTorch's scaled_dot_product_attention."""
+    CPU with cpu_attention.py's kernel built where it is the faster one (head_dim, None: any), else ('sdpa', None):
+    PyTorch's scaled_dot_product_attention."""
     device = torch.device(device)
-    if device.type == "cpu" and cpu_attention.available():
+    small_heads = head_dim is None or head_dim <= KERNEL_MAX_HEAD_DIM
+    if device.type == "cpu" and small_heads and cpu_attention.available():
         return "cpu", cpu_attention.causal_attention
     if device.type != "cuda" or not torch.cuda.is_available():
         return "sdpa", None
@@ -292,7 +297,7 @@ class GPT(nn.Module):
 
     def set_device_backend(self, device):
         """Choose the attention kernel for the device the model lives on (attention_backend); returns its name."""
-        self.backend = attention_backend(device)
+        self.backend = attention_backend(device, self.cfg.head_dim)
         return self.backend[0]
 
     def param_groups(self):

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import sys
 import time
 import zipfile
@@ -75,6 +76,9 @@ def train_parser(description=""):
     g.add_argument("--sample-tokens", type=positive_int, default=48, help="tokens per sample")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    g.add_argument("--threads", type=count, default=0,
+                   help="CPU threads (0: OMP_NUM_THREADS if set, else 1: two threads on a busy 2-core machine run "
+                        "the quick start ~10x slower than one, dev/bench_threads.py)")
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: bf16 on GPU")
     g.add_argument("--compile", action="store_true", help="torch.compile the model (inductor, GPU or CPU)")
     tracking.add_args(g)  # --wandb PROJECT, --wandb-group GROUP
@@ -406,6 +410,15 @@ def check_run(path, data_dir=""):
         raise DataError(f"{data_dir}: its tokenizer is not the one {path} was trained with (pass --data)")
     return {"dir": path, "name": path.name, "run_id": record["run_id"], "cfg": cfg, "data_dir": data_dir,
             "tokenizer_sha256": sha, "dtype": identity["dtype"], "steps": final["steps"], "run_name": final.get("run")}
+
+
+def cpu_threads(requested):
+    """The thread count of a CPU run: --threads, else OMP_NUM_THREADS (sweep.sh sets one per run slot), else 1.
+    Models this small are dispatch-bound: a second thread buys little on an idle machine and, with another
+    program on a core, OpenMP's waiting threads collapse the speed (dev/bench_threads.py measures both)."""
+    if requested:
+        return requested
+    return int(os.environ.get("OMP_NUM_THREADS") or 1)
 
 
 def compile_or_eager(model, batch_rows, seq_len):

@@ -38,7 +38,7 @@ from engine import print_samples
 from model import GPT
 from muonh import build_optimizers
 from recipe import DEFAULT_TOKENS_PER_PARAM, lr_multiplier
-from runs import (Run, compile_or_eager, eager_blocks, finished_row, load_run_model, open_outputs, plan_run,
+from runs import (Run, compile_or_eager, cpu_threads, eager_blocks, finished_row, load_run_model, open_outputs, plan_run,
                   restore_checkpoint, results_row, run_identity, save_checkpoint, settle, train_parser)
 
 # SIGTERM/SIGINT (preemption, timeout, Ctrl-C) set this event (stop_requested). One process stops at its next
@@ -180,6 +180,7 @@ def setup(run):
     run.device = torch.device("cpu")
     if args.device == "cpu":
         common.keep_freed_memory()  # a CPU step frees and reallocates its activations every step
+        torch.set_num_threads(cpu_threads(args.threads))
     if args.device == "cuda":
         run.device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
         torch.cuda.set_device(run.device)

@@ -131,9 +131,10 @@ def print_shape(width, r, results, ratios):
 
 
 def compare_attention(args):
-    """One layer's attention, forward + backward, at each width's heads (d / 8 heads of dim 8, 16 rows of 128):
-    PyTorch's flash kernel (SDPA) against cpu_attention.py's, in this process (common.keep_freed_memory, as
-    train.py), taking turns every repeat."""
+    """One layer's attention, forward + backward, 16 rows of 128 tokens: PyTorch's SDPA against cpu_attention.py's
+    kernel at each head dim (d = 128 split into heads of that dim: the everyday CPU shape) and each thread count, in
+    this process (common.keep_freed_memory, as train.py), taking turns every repeat. model.attention_backend uses
+    the kernel where this measures it faster."""
     sys.path.insert(0, str(REPO))
     import torch
 
@@ -141,26 +142,28 @@ def compare_attention(args):
     import cpu_attention
     from model import causal_attention
     common.keep_freed_memory()  # as train.py on CPU, for both kernels
-    torch.set_num_threads(1)
     if not cpu_attention.available():
         sys.exit("bench_train.py: cpu_attention's kernel did not build here (no C compiler?), nothing to compare")
     arms = {"sdpa": ("sdpa", None), "kernel": ("cpu", cpu_attention.causal_attention)}
-    print("one layer's causal attention, forward + backward, 16 x 128 tokens, head dim 8, fp32, 1 thread; "
+    print(f"one layer's causal attention, forward + backward, 16 x 128 tokens, d = {args.attention_width}, fp32; "
           f"median of {args.steps * args.rounds} repeats per kernel")
-    print(f"{'d':>4}{'heads':>7}{'sdpa ms':>10}{'kernel ms':>11}{'sdpa/kernel':>13}")
-    for width in args.widths:
-        q, k, v = [torch.randn(16, 128, width // 8, 8, requires_grad=True) for _ in range(3)]
-        grad_out = torch.randn(16, 128, width // 8, 8)
-        seconds = {arm: [] for arm in arms}
-        for repeat in range(args.steps * args.rounds + 1):
-            for arm, backend in arms.items():
-                t0 = time.perf_counter()
-                torch.autograd.grad(causal_attention(q, k, v, backend), (q, k, v), grad_out)
-                if repeat > 0:  # the first repeat builds and warms up
-                    seconds[arm].append(time.perf_counter() - t0)
-        ms = {arm: 1000 * statistics.median(seconds[arm]) for arm in arms}
-        print(f"{width:>4}{width // 8:>7}{ms['sdpa']:>10.2f}{ms['kernel']:>11.2f}{ms['sdpa'] / ms['kernel']:>12.2f}x",
-              flush=True)
+    print(f"{'threads':>8}{'head dim':>9}{'heads':>7}{'sdpa ms':>10}{'kernel ms':>11}{'sdpa/kernel':>13}")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for head_dim in args.head_dims:
+            heads = args.attention_width // head_dim
+            q, k, v = [torch.randn(16, 128, heads, head_dim, requires_grad=True) for _ in range(3)]
+            grad_out = torch.randn(16, 128, heads, head_dim)
+            seconds = {arm: [] for arm in arms}
+            for repeat in range(args.steps * args.rounds + 1):
+                for arm, backend in arms.items():
+                    t0 = time.perf_counter()
+                    torch.autograd.grad(causal_attention(q, k, v, backend), (q, k, v), grad_out)
+                    if repeat > 0:  # the first repeat builds and warms up
+                        seconds[arm].append(time.perf_counter() - t0)
+            ms = {arm: 1000 * statistics.median(seconds[arm]) for arm in arms}
+            print(f"{threads:>8}{head_dim:>9}{heads:>7}{ms['sdpa']:>10.2f}{ms['kernel']:>11.2f}"
+                  f"{ms['sdpa'] / ms['kernel']:>12.2f}x", flush=True)
 
 
 def main():
@@ -172,8 +175,11 @@ def main():
     p.add_argument("--old-rev", default=OLD_REV, help="the git revision whose model.py is 'old'")
     p.add_argument("--tiny", action="store_true",
                    help="d = 8, r = 2, 2 steps, 1 round, then --attention at d = 8: checks that both run")
+    p.add_argument("--head-dims", type=int, nargs="+", default=[8, 16, 32, 64], help="--attention: head dims")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="--attention: thread counts")
+    p.add_argument("--attention-width", type=int, default=128, help="--attention: the width d the heads split")
     p.add_argument("--attention", action="store_true",
-                   help="time only one layer's attention at each width, SDPA against cpu_attention.py's kernel")
+                   help="time only one layer's attention at each head dim and thread count, SDPA against the kernel")
     p.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
     p.add_argument("--width", type=int, help=argparse.SUPPRESS)
     p.add_argument("--model-file", help=argparse.SUPPRESS)
@@ -184,6 +190,7 @@ def main():
         return
     if args.tiny:
         args.widths, args.r, args.steps, args.rounds = [8], [2], 2, 1
+        args.head_dims, args.threads, args.attention_width = [8], [1], 8
     if args.attention:
         compare_attention(args)
         return

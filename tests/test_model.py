@@ -394,6 +394,16 @@ def test_attention_backend_follows_device_and_installed_kernels(monkeypatch):
         assert attention_backend("cpu")[0] == "cpu"  # cpu_attention.py's kernel (tests below)
 
 
+def test_the_cpu_kernel_is_chosen_only_where_it_is_the_faster_one():
+    """cpu_attention.py's kernel beats SDPA at small heads only (dev/bench_train.py --attention): a model picks it
+    at head dim <= KERNEL_MAX_HEAD_DIM, SDPA above (d = 128 in heads of 32: the kernel ran train.py 0.75x)."""
+    import model as model_module
+    small = GPT(tiny(head_dim=8, scale=0.5))
+    large = GPT(tiny(head_dim=32, scale=2))
+    assert small.set_device_backend("cpu") == "cpu" and model_module.KERNEL_MAX_HEAD_DIM >= 8
+    assert large.set_device_backend("cpu") == "sdpa"
+
+
 # ----------------------------------------------------------------------------------------------
 # The block (nanochat's): RoPE then QK-norm, pre-norm, squared ReLU
 
