@@ -167,7 +167,7 @@ def plot_truncate_fit(plt, analysis, title):
                        facecolors=colour if pt["fit"] else "none")
         ax.plot([min(losses), max(losses)], [min(losses), max(losses)], "k--", lw=0.8)
         rmse = analysis["fits"][gain]["in_sample"]["rmse"]
-        name = "bounded gain g(T,B)" if gain == "bounded" else "power-law gain T^phi_T B^phi_B"
+        name = "bounded gain" if gain == "bounded" else "power-law gain"
         ax.set(xlabel="predicted loss (nats)", title=f"{name}: in-sample RMSE {rmse:.4f}")
     axes[0].set_ylabel("measured validation loss (nats)")
     handles = [plt.Line2D([], [], ls="", marker="o", color=setting_colour(plt, T), label=f"T = {T}")

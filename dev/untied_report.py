@@ -50,10 +50,11 @@ def difference(rows, base):
 
 
 def report(rows):
-    lines = ["Size (D/D0)  model            width          parameters  compute      loss   - untied (mean +- s.e.)"]
+    lines = ["size (tokens)  model            width          parameters  compute      loss  seed sd   - untied (mean +- s.e.)"]
     for level, models in table(rows).items():
         untied = models.get("untied", [])
         reference = flops.flops_per_token(flops.ModelConfig(**untied[0]["identity"]["model"])) if untied else None
+        size = f"d{untied[0]['d_model']} ({level:g} D0)" if untied else f"{level:g} D0"
         for model in MODELS:
             runs = sorted(models.get(model, []), key=lambda row: row["seed"])
             if not runs:
@@ -61,11 +62,12 @@ def report(rows):
             cfg = flops.ModelConfig(**runs[0]["identity"]["model"])
             compute = flops.flops_per_token(cfg) / reference if reference else float("nan")
             loss = statistics.mean(row["val_loss"] for row in runs)
+            spread = statistics.stdev(row["val_loss"] for row in runs) if len(runs) > 1 else float("nan")
             mean, error = difference(runs, untied) if model != "untied" else (None, None)
             delta = f"{mean:+.4f} +- {error:.4f}" if mean is not None else ""
             width = f"{cfg.d_model} ({cfg.n_head} x {cfg.head_dim})"
-            lines.append(f"{level:<12g} {model:<16} {width:<14} {runs[0]['n_params']:>10,}  {compute:>7.2f}  "
-                         f"{loss:>8.4f}   {delta}  ({len(runs)} seeds)")
+            lines.append(f"{size:<14} {model:<16} {width:<14} {runs[0]['n_params']:>10,}  {compute:>7.2f}  "
+                         f"{loss:>8.4f}  {spread:>7.4f}   {delta}  ({len(runs)} seeds)")
     return "\n".join(lines)
 
 
