@@ -1,6 +1,10 @@
-"""Shared test setup: the repo root on sys.path, single-threaded torch (CI has 2 cores), and the
-tiny dataset built from the in-repo FineWeb-Edu sample (data/) that the train and sweep tests use."""
+"""Shared test setup: the repo root on sys.path, single-threaded torch (CI has 2 cores), the tiny dataset built
+from the in-repo FineWeb-Edu sample (data/) that the train and sweep tests use, and the smoke grid trained on it
+once per session (test_sweep's end-to-end test and test_slurm's reference rows). The `slow` marker (pytest.ini)
+sets the end-to-end tests apart: `python -m pytest -q tests -m "not slow"` runs the fast subset."""
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +26,25 @@ def sample_data(tmp_path_factory):
                        "--val-shards", "1", "--vocab-size", "512", "--seq-len", "64", "--out", str(out),
                        "--workers", "1"])
     return out
+
+
+def sweep(*args, env=None, check=True):
+    """bash sweep.sh ARGS in the repository, `env` added to this process's environment; exit 0 unless check=False."""
+    full_env = dict(os.environ, **(env or {}))
+    proc = subprocess.run(["bash", "sweep.sh", *args], cwd=REPO, capture_output=True, text=True, env=full_env,
+                          timeout=1200)  # a hang is a failure, not a stuck suite
+    if check:
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc
+
+
+@pytest.fixture(scope="session")
+def smoke_sweep(sample_data, tmp_path_factory):
+    """The smoke grid trained by the real train.py on the sample, two runs at a time, then fitted: (its OUT
+    folder, sweep.sh's stdout). Trained once for every test that reads it; a test that changes it works on a copy."""
+    out = tmp_path_factory.mktemp("smoke") / "sweep"
+    proc = sweep("--grid", "smoke", env={"OUT": str(out), "DATA": str(sample_data), "CPU_JOBS": "2"})
+    return out, proc.stdout
 
 
 def meta_only_dataset(folder, **meta):

@@ -121,6 +121,7 @@ def test_the_quick_preset_reads_as_a_paired_table_and_point_estimates(tmp_path):
     assert {row["run_id"] for row in rows if row["r"] == 1} <= base
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("anchor", ["cpu-micro", "cpu-micro-layout"])
 def test_an_ablation_reuses_the_committed_fit_of_each_anchor(anchor, tmp_path):
     """dev/ablate.sh compares the variant against both anchors with fit_laws.py's protocol options: the fit
@@ -174,6 +175,7 @@ def test_flags_an_ablation_cannot_run_are_refused_before_anything_trains(flags, 
         ablation_report.r1_flags(grid_lines(*QUICK), flags)
 
 
+@pytest.mark.slow
 def test_train_py_help_among_the_flags_is_one_line_and_leaves_no_folder(tmp_path):
     """What ran 14 train.py --help, reported "14 trained now" and left its folder behind: one line, exit 2."""
     out = tmp_path / "cpu-micro-scaled-quick"
@@ -201,6 +203,7 @@ def committed_data(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_the_plan_lists_each_run_reused_or_to_train_with_its_flags_and_writes_nothing(committed_data, tmp_path):
     """--plan of a loop-flag ablation: every r = 1 run is the base's, reused from a committed folder whose run_id
     is its identity (not given the flag, which means nothing there), every r = 4 run gets the flag and is to
@@ -224,6 +227,7 @@ def test_the_plan_lists_each_run_reused_or_to_train_with_its_flags_and_writes_no
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_failed_ablation_is_marked_incomplete_and_its_report_refused(tmp_path):
     """A failure after ablate.sh has started (here its data is damaged: val.bin empty) leaves OUT/INCOMPLETE saying
     how it stopped and no fit/ablation.txt; dev/ablation_report.py refuses the folder in one line."""

@@ -77,6 +77,7 @@ def test_with_free_size_no_looping_is_best_and_two_loops_come_within_3_percent_c
     assert round(out["N_exponent"], 3) == 0.562
 
 
+@pytest.mark.slow
 def test_table_2_sizes_are_the_grid_sweep_sh_trains():
     printed = subprocess.run(["bash", "sweep.sh", "--grid", "truncate-or-not", "--print"], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout
@@ -99,6 +100,7 @@ def test_table_12_untied_sizes_and_the_wider_two_loop_models_compute():
         assert round(flops.flops_per_token(wide) / flops.flops_per_token(untied), 2) == ratio
 
 
+@pytest.mark.slow
 def test_the_command_answers_each_question_and_refuses_bad_input_in_one_line(tmp_path):
     overview = allocate()
     assert overview.returncode == 0

@@ -153,6 +153,7 @@ def test_every_committed_grid_with_its_sweep_logs_has_a_curve_for_every_run(grid
     assert curves.grid_curves(fit_laws.load_results(eval_results), eval_results)[0] == []
 
 
+@pytest.mark.slow
 def test_fit_laws_plots_writes_the_curves_beside_the_other_figures(tmp_path):
     results = REPO / "dev" / "results" / "cpu-micro" / "results.jsonl"
     done = subprocess.run([sys.executable, "fit_laws.py", str(results), "--plots", str(tmp_path), "--restarts", "4",

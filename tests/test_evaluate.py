@@ -686,6 +686,7 @@ def test_rows_per_run_task_and_r_and_a_rerun_loads_nothing(run_dir, tasks_dir, t
     assert "already done" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_stopped_evaluation_exits_with_its_rows_kept_and_a_rerun_scores_the_rest(run_dir, tasks_dir, tmp_path,
                                                                                     signum):
@@ -751,6 +752,7 @@ def test_max_items_is_a_fixed_uniform_subsample(run_dir, tasks_dir, tmp_path):
     assert a["loss"] == b["loss"] and a["items"] == 5 and a["continuation_tokens"] == b["continuation_tokens"]
 
 
+@pytest.mark.slow
 def test_two_torchrun_ranks_equal_one_process(run_dir, tasks_dir, tmp_path):
     args = [str(run_dir), "--bundles", "primitives,custom", "--tasks", "var_assign_d1_code,mc", "--tasks-dir",
             str(tasks_dir), "--num-fewshot", "0", "--max-items", "9"]

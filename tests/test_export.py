@@ -234,6 +234,7 @@ def evaluate_py_loglikelihoods(model, tokenizer, items):
     return [-nats for nats, _ in scores]
 
 
+@pytest.mark.slow
 def test_lm_eval_log_likelihoods_are_evaluate_py_s(exported, reference, tokenizer, tmp_path):
     lm_eval_task(tmp_path, LM_ITEMS)
     seq_len = reference.cfg.seq_len

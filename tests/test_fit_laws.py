@@ -123,6 +123,7 @@ def test_phi_recovered_within_its_bootstrap_ci(sweep):
         assert boot[k + "_ci"][0] <= joint[k] <= boot[k + "_ci"][1]
 
 
+@pytest.mark.slow
 def test_bootstrap_ci_covers_the_truth_in_most_seeds():
     covered, errors = 0, []
     for seed in (1, 2, 3, 4):
@@ -312,6 +313,7 @@ def fit_cli(*args, timeout=300):
                           text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line_before_any_fit(tmp_path):
     one_budget, nothing_left = tmp_path / "one.jsonl", tmp_path / "nan.jsonl"
     ss.write_jsonl([r for r in ss.synthetic_rows(seed=0) if r["flops_budget"] == 1e18], one_budget)
@@ -350,6 +352,7 @@ def micro_phi():
     (lambda rows: [dict(rows[5], seed=1, val_loss=4.0, train_loss=None, tokens_per_s=None)],
      "not a finished run (train_loss is None)"),
 ], ids=["duplicates", "diverged", "unfinished"])
+@pytest.mark.slow
 def test_rows_that_are_not_one_finished_run_do_not_reach_the_fit(extra, needle, micro_phi, tmp_path):
     rows = fl.load_results(CPU_MICRO)
     bad = rows + extra(rows)
@@ -387,6 +390,7 @@ def synthetic_sweep_file(path, *extra):
     return path
 
 
+@pytest.mark.slow
 def test_a_compare_reuses_the_stored_fit_of_a_sweep_when_rows_options_and_code_are_the_same(tmp_path):
     """sweep.sh fits each sweep into <OUT>/fit/fit.json; `fit_laws.py A --compare B` later reads A's analysis
     back from there (and a rerun of the compare both, from its --json) instead of refitting: the same report,
@@ -416,6 +420,7 @@ def test_a_compare_reuses_the_stored_fit_of_a_sweep_when_rows_options_and_code_a
     assert "reused" not in fit_cli(base, *quick).stderr  # another row
 
 
+@pytest.mark.slow
 def test_runs_of_a_few_steps_are_reported_as_a_chain_check_not_a_measurement(tmp_path):
     """The smoke grid's runs take 1-4 optimiser steps: its report says that its phi means nothing."""
     rows = [json.loads(line) for line in synthetic_sweep_file(tmp_path / "s.jsonl").read_text().splitlines()]
@@ -426,6 +431,7 @@ def test_runs_of_a_few_steps_are_reported_as_a_chain_check_not_a_measurement(tmp
     assert "chain check" not in quick_fit_report(tmp_path / "s.jsonl").stdout
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(tmp_path):
     base, trunc = tmp_path / "base.jsonl", tmp_path / "trunc.jsonl"
     for path, extra in ((base, []), (trunc, ["--truth", "phi=0.3", "--bptt", "truncated", "--seed", "1"])):
@@ -501,6 +507,7 @@ print("finished", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("whom", ["the parent", "the whole group"])
 def test_a_fit_interrupted_in_its_worker_pool_exits_at_once_with_one_line_and_no_worker_left(whom):
     """Old: leaving the process pool waited for the workers to finish their chunks, up to the whole bootstrap (a
@@ -558,6 +565,7 @@ def group_alive(pgid):
 # ---------------------------------------------------------------------------------------------
 # Downstream loss (App. I): the joint law on a category's loss, joined to the runs by run_id
 
+@pytest.mark.slow
 def test_the_joint_law_on_a_category_loss_recovers_its_phi(tmp_path):
     """App. I refits the joint law on each category's loss (parametric knowledge phi 0.58, reading
     comprehension 0.71 against 0.46 for validation loss). Synthetic: the validation loss follows phi = 0.46,
@@ -608,6 +616,7 @@ def test_an_unreadable_line_is_dropped_with_one_line_not_the_whole_file(tmp_path
     assert f"{len(rows) - 1} runs" in proc.stdout  # only the row the garbage line cut is lost
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key, value", [("vocab_size", 4096), ("seq_len", 1024), ("depth", 24), ("eval_rows", 512),
                                         ("data", {"train_sha256": "another dataset"})])
 def test_incomparable_sweeps_are_refused_unless_asked_for(tmp_path, key, value):
@@ -641,9 +650,9 @@ def test_a_full_disk_while_writing_the_fit_is_one_line(tmp_path, monkeypatch, ca
     rows = ss.synthetic_rows(seed=0)
     ss.write_jsonl(rows, tmp_path / "runs.jsonl")
 
-    def full(self, *args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device", str(self))
-    monkeypatch.setattr(Path, "write_text", full)
+    def full(fd):  # a full disk shows at the latest when the written bytes are flushed to it
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(SystemExit) as e:
         fl.main([str(tmp_path / "runs.jsonl"), "--json", str(tmp_path / "fit.json"), "--restarts", "5",
                  "--bootstrap", "0", "--workers", "1"])
@@ -668,6 +677,7 @@ def test_phi_on_the_box_edge_is_reported_as_unidentified():
     assert "phi   = -3.0000" in report and "do not identify phi" in report
 
 
+@pytest.mark.slow
 def test_bracketed_cpu_sweep_identifies_phi_and_the_committed_fit_reproduces():
     """The earlier bracketed CPU-scale sweep (dev/results/cpu-micro-v2-flat) puts phi inside its box,
     and refitting those rows gives the phi of its committed fit."""
@@ -691,6 +701,7 @@ def test_the_cpu_study_base_grid_has_a_committed_fit():
     assert STUDY / "cpu-micro" / "fit" / "fit.json" in STUDY_FITS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fit_json, rows", STUDY_FIT_ROWS,
                          ids=[f"{p.parent.parent.name}-{p.stem}" for p, _ in STUDY_FIT_ROWS])
 def test_each_committed_cpu_study_fit_refits_to_its_phi(fit_json, rows):
@@ -830,6 +841,7 @@ def test_the_downstream_evaluation_has_a_committed_fit_per_category(folder):
     assert sorted(p.stem for p in (STUDY / folder).glob("*.json")) == sorted([*categories, *val_loss])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fit_json", DOWNSTREAM_FITS, ids=[str(p.relative_to(STUDY)) for p in DOWNSTREAM_FITS])
 def test_each_committed_downstream_fit_refits_to_its_phi(fit_json):
     """App. I at CPU scale: each category's committed joint fit refits from the committed training rows and

@@ -40,6 +40,7 @@ def test_the_plan_is_the_issue_13_grid():
     assert [c["compiled"] for c in gpu_check.CONFIGS] == [False] * 6 + [True] * 6
 
 
+@pytest.mark.slow
 def test_tiny_run_measures_every_configuration(tiny_run):
     report, _, _ = tiny_run
     assert [row["name"] for row in report["configs"]] == NAMES
@@ -72,6 +73,7 @@ def assert_speed_is_its_timings(row):
         accum * tokens / (accum * row["fwd_bwd_s"] + row["optimizer_s"]), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_compiled_step_is_one_graph_and_matches_eager(tiny_run):
     """Dynamo traces the whole model (the no_grad loops of truncated BPTT included) as one graph,
     and the compiled model computes the eager model's loss."""
@@ -86,6 +88,7 @@ def test_compiled_step_is_one_graph_and_matches_eager(tiny_run):
             assert rows[name]["compile_s"] is None
 
 
+@pytest.mark.slow
 def test_table_has_a_line_per_configuration(tiny_run):
     _, table, stdout = tiny_run
     assert "random tokens" in table and "configuration" in table

@@ -52,6 +52,7 @@ def test_the_model_layer_does_not_import_the_data_or_fitting_layers():
     assert model_imports & set(MODULES) <= {"flops", "muonh", "fused_loss", "cpu_attention"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", DEV_SCRIPTS, ids=[path.name for path in DEV_SCRIPTS])
 def test_every_dev_script_runs(script, tmp_path):
     """Its --help (it parses its flags, and everything it imports still exists), then its --tiny mode if it has

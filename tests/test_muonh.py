@@ -371,6 +371,7 @@ def _dist_worker(rank, world_size, out_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_ranks_agree_bitwise_and_match_one_process():
     with tempfile.TemporaryDirectory() as out_dir:
         mp.spawn(_dist_worker, args=(2, out_dir), nprocs=2, join=True)

@@ -292,6 +292,13 @@ def test_best_fit_takes_the_largest_piece_that_fits():
     assert (st["cropped_tokens"], st["tail_tokens_dropped"]) == (0, 0)
 
 
+def test_best_fit_ties_go_to_the_earliest_buffered_piece():
+    """Of equally long pieces that fit, the one buffered first is placed: the packing the committed CPU rows were
+    made with (test_micro_corpus_rows_are_the_ones_behind_the_committed_cpu_results checks it end to end)."""
+    rows, _ = pack([doc(1, 5), doc(2, 5), doc(3, 5), doc(4, 5)], 10, 1000)
+    assert rows.tolist() == [doc(1, 5) + doc(2, 5), doc(3, 5) + doc(4, 5)]
+
+
 def test_when_nothing_fits_the_shortest_is_cropped_and_counted():
     rows, st = pack([doc(1, 7), doc(2, 8)], 10, 1000)
     assert rows.tolist() == [doc(2, 8) + doc(1, 2)]
@@ -412,6 +419,7 @@ def test_tokenizer_trains_on_train_documents_only_within_budget(tmp_path, monkey
 MICRO = REPO / "data" / "micro-corpus"
 
 
+@pytest.mark.slow
 def test_micro_corpus_rows_are_the_ones_behind_the_committed_cpu_results(tmp_path):
     # The README's cpu-micro command on the in-repo corpus (two .jsonl.xz files, read through lzma);
     # these checksums are the rows the committed CPU sweeps trained on (made from the uncompressed

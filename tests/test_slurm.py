@@ -3,7 +3,8 @@ machine): the smoke grid as one array job gives the rows of the same grid run lo
 requeued by SLURM or by itself at its time-limit signal resumes to the uninterrupted run's loss, a task whose
 train.py refuses its input is not requeued; --status follows the array; a 2-node run (two torchrun agents, a
 c10d rendezvous over 127.0.0.1, gloo) gives the one-process row. --status also reads a sweep without SLURM.
-Waits have timeouts that only catch a hang: nothing here asserts how long anything took."""
+Waits have timeouts that only catch a hang: nothing here asserts how long anything took. Every test here is
+slow (a cluster, runs that train): `-m "not slow"` leaves the file out."""
 import json
 import math
 import os
@@ -18,8 +19,11 @@ from pathlib import Path
 import pytest
 
 import sweep_state
+from conftest import REPO, sweep
 from slurm_cluster import Cluster, job_steps
-from test_sweep import REPO, plan_rows, sweep
+from test_sweep import plan_rows
+
+pytestmark = pytest.mark.slow
 
 PLAN = plan_rows("smoke")[0]
 LONGEST = sorted(PLAN, key=lambda run: -run["steps"])  # the runs with the most steps: time to interrupt them
@@ -38,10 +42,10 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def local_sweep(sample_data, tmp_path_factory):
-    """The smoke grid run locally, two runs at a time: the rows every SLURM sweep here must reproduce."""
-    out = tmp_path_factory.mktemp("local") / "sweep"
-    sweep("--grid", "smoke", "--no-fit", env={"OUT": str(out), "DATA": str(sample_data), "CPU_JOBS": "2"})
+def local_sweep(smoke_sweep):
+    """The smoke grid run locally, two runs at a time (conftest's session sweep, shared with test_sweep's
+    end-to-end test): the rows every SLURM sweep here must reproduce. Read only: seeded_out copies it."""
+    out, _ = smoke_sweep
     return out
 
 
@@ -54,11 +58,20 @@ def logged_losses(run_dir):
     return {rec["step"]: rec["loss"] for rec in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines())}
 
 
+def resumed_log_is_the_uninterrupted_one(resumed, uninterrupted, step, tol=0.0):
+    """The log of a run resumed after `step` holds every step the uninterrupted run logged, at its loss (within
+    tol), and besides them only the first step after the resume (train.py logs each process's first step)."""
+    got, want = logged_losses(resumed), logged_losses(uninterrupted)
+    assert set(got) - set(want) <= {step + 1} and set(want) <= set(got), (sorted(got), sorted(want))
+    assert all(abs(got[k] - want[k]) <= tol for k in want), (got, want)
+
+
 def seeded_out(local, tmp_path, drop=(), damaged=()):
     """A copy of the local sweep with the runs in `drop` taken out (row, folder, log), and those in `damaged`
     left with a damaged checkpoint instead of a final.json (train.py refuses it: exit 2, bad input)."""
     out = tmp_path / "sweep"  # alone in tmp_path: no sibling grid offers its runs for --reuse-from
-    shutil.copytree(local, out)
+    # Not the local sweep's fit/: what the fit job writes there is this sweep's own.
+    shutil.copytree(local, out, ignore=lambda folder, names: ["fit"] if Path(folder) == local else [])
     rows = (out / "results.jsonl").read_text().splitlines()
     kept = [line for line in rows if Path(json.loads(line)["out"]).name not in (*drop, *damaged)]
     (out / "results.jsonl").write_text("".join(line + "\n" for line in kept))
@@ -72,8 +85,11 @@ def seeded_out(local, tmp_path, drop=(), damaged=()):
     return out
 
 
-def submit(cluster, sample_data, out, **env):
-    proc = sweep("--grid", "smoke", "--slurm", env={**cluster.env, "OUT": str(out), "DATA": str(sample_data), **env})
+def submit(cluster, sample_data, out, *args, **env):
+    """sweep.sh --slurm ARGS: (the array job, the fit job, the array's run names in task order). With --no-fit
+    the fit job only writes fit/missing.txt (the runs without a row): what all but the first test read of it."""
+    proc = sweep("--grid", "smoke", "--slurm", *args,
+                 env={**cluster.env, "OUT": str(out), "DATA": str(sample_data), **env})
     array, fit = re.search(r"as array job (\d+).*the fit as job (\d+)", proc.stdout).groups()
     record = (out / "slurm" / "jobs.txt").read_text().splitlines()[-1].split()
     names = [line.split("|")[0] for line in Path(REPO / record[2]).read_text().splitlines()]
@@ -159,7 +175,7 @@ def test_requeued_tasks_resume_to_the_uninterrupted_loss_and_a_bad_input_task_is
     a, b = LONGEST[0]["name"], LONGEST[1]["name"]
     c = SHORTEST
     out = seeded_out(local_sweep, tmp_path, drop=(a, b), damaged=(c,))
-    array, fit, names = submit(cluster, sample_data, out, MAX_RUNNING="2")
+    array, fit, names = submit(cluster, sample_data, out, "--no-fit", MAX_RUNNING="2")  # fit job: missing.txt only
     assert sorted(names) == sorted((a, b, c))
     wait_for(lambda: training(out / "runs" / a), f"{a} to train")
     cluster.run("scontrol", "requeue", f"{array}_{names.index(a)}")
@@ -175,7 +191,7 @@ def test_requeued_tasks_resume_to_the_uninterrupted_loss_and_a_bad_input_task_is
         assert 0 < step < steps and f"ckpt.pt at step {step}/{steps}" in log, log[-3000:]
         assert task[name]["JobState"] == "COMPLETED" and task[name]["Restarts"] == "1"
         assert rows[name]["val_loss"] == local[name]["val_loss"] and rows[name]["run_id"] == local[name]["run_id"]
-        assert logged_losses(out / "runs" / name) == logged_losses(local_sweep / "runs" / name)
+        resumed_log_is_the_uninterrupted_one(out / "runs" / name, local_sweep / "runs" / name, step)
         print(f"\n{name}, {requeued_by} at step {step}/{steps}: val loss {rows[name]['val_loss']!r} after resuming, "
               f"{local[name]['val_loss']!r} uninterrupted")
     assert "time limit near: requeued" in (out / "logs" / f"{b}.log").read_text()
@@ -192,7 +208,7 @@ def test_status_shows_done_running_queued_and_failed_while_the_array_runs(cluste
     a, d = LONGEST[0]["name"], LONGEST[1]["name"]
     c = SHORTEST
     out = seeded_out(local_sweep, tmp_path, drop=(a, d), damaged=(c,))
-    array, fit, names = submit(cluster, sample_data, out, MAX_RUNNING="1")
+    array, fit, names = submit(cluster, sample_data, out, "--no-fit", MAX_RUNNING="1")  # fit job: missing.txt only
     assert names.index(c) < names.index(a) < names.index(d)  # plan order: C fails before A starts
     table = status_while_training(out, sample_data, a, cluster.env)
     print("\n" + table)
@@ -221,7 +237,7 @@ def test_a_two_node_run_gives_the_one_process_row_and_resumes(cluster, local_swe
     rendezvous on the first node's address, 127.0.0.1; requeued while it trains, it resumes on two nodes."""
     a = LONGEST[0]["name"]
     out = seeded_out(local_sweep, tmp_path, drop=(a,))
-    array, fit, names = submit(cluster, sample_data, out, NODES_PER_RUN="2")
+    array, fit, names = submit(cluster, sample_data, out, "--no-fit", NODES_PER_RUN="2")
     wait_for(lambda: training(out / "runs" / a), f"{a} to train")
     cluster.run("scontrol", "requeue", f"{array}_0")
     wait_until_over(cluster, fit)
@@ -233,8 +249,8 @@ def test_a_two_node_run_gives_the_one_process_row_and_resumes(cluster, local_swe
     assert two["run_id"] == one["run_id"] and (two["world_size"], one["world_size"]) == (2, 1)
     assert (two["steps"], two["tokens"]) == (one["steps"], one["tokens"])
     assert abs(two["val_loss"] - one["val_loss"]) < 1e-4  # as train.py's two-rank test: the same sums, reordered
-    got, want = logged_losses(out / "runs" / a), logged_losses(local_sweep / "runs" / a)
-    assert got.keys() == want.keys() and all(abs(got[k] - want[k]) < 1e-4 for k in want)
+    step = int(re.search(r"interrupted at step (\d+)/", log)[1])
+    resumed_log_is_the_uninterrupted_one(out / "runs" / a, local_sweep / "runs" / a, step, tol=1e-4)
 
 
 def test_status_reads_a_sweep_without_slurm(local_sweep, sample_data, tmp_path):

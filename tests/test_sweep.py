@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,20 +14,11 @@ from pathlib import Path
 import pytest
 
 import flops
-from conftest import meta_only_dataset
+from conftest import meta_only_dataset, sweep
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE7 = {4.64e17: [6, 8, 10, 12], 1e18: [6, 8, 10, 12, 14], 2.15e18: [8, 10, 12, 14, 16],
           4.64e18: [10, 12, 14, 16, 18, 20], 1e19: [12, 16, 18, 20, 24], 2.15e19: [18, 24, 28, 34]}
-
-
-def sweep(*args, env=None, check=True):
-    full_env = dict(os.environ, **(env or {}))
-    proc = subprocess.run(["bash", "sweep.sh", *args], cwd=REPO, capture_output=True, text=True, env=full_env,
-                          timeout=1200)  # a hang is a failure, not a stuck suite
-    if check:
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc
 
 
 def plan_rows(grid):
@@ -262,6 +254,7 @@ def test_cpu_micro_layout_is_cpu_micro_with_a_layout_matched_r1():
 GRIDS = sweep("--grids").stdout.split()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grid", GRIDS)
 def test_every_grid_plans_priced_runs_with_distinct_names_and_flags_train_py_accepts(grid):
     """Any grid sweep.sh lists (a new one included, with no edit here): --plan prices one line per run and
@@ -293,6 +286,7 @@ def test_a_variant_is_its_grid_with_extra_flags_in_its_own_folder_and_a_subset_i
         assert proc.returncode == 2 and reason in proc.stderr and len(proc.stderr.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_variant_offers_every_committed_run_of_the_same_name_for_reuse(fake_train, tmp_path):
     """The committed CPU grids keep each run's final.json (dev/results/<grid>/runs/<name>/), so a variant sweep
     run anywhere offers train.py every committed run of that name; train.py takes the one whose
@@ -386,6 +380,7 @@ def test_every_run_goes_through_train_py_and_the_summary_counts_each_outcome(fak
     assert "12 runs, total compute" in (tmp_path / "runs" / "smoke" / "plan.txt").read_text()
 
 
+@pytest.mark.slow
 def test_case_study_sweep_offers_the_sibling_r1_runs_to_train_py_for_reuse(fake_train, tmp_path):
     """The r = 1 runs of cpu-micro-trunc are cpu-micro's: sweep.sh passes the finished sibling folder as
     --reuse-from and train.py decides (by identity) whether it is the same run. An earlier
@@ -446,6 +441,7 @@ def test_bad_parallelism_is_one_line_and_exit_2_never_a_hang(env, reason, fake_t
     assert len(proc.stderr.strip().splitlines()) == 1 and not calls.exists()
 
 
+@pytest.mark.slow
 def test_smoke_grid_builds_its_data_from_the_repository_when_missing(fake_train, tmp_path):
     """A newcomer's ./sweep.sh --grid smoke needs no separate data step: the smoke and CPU grids read
     sources the repository ships, so a missing $DATA is built first (the real prepare_data.py)."""
@@ -486,30 +482,28 @@ def test_data_that_does_not_cover_the_largest_run_is_refused_before_any_run(fake
     assert "12 trained now" in allowed.stdout
 
 
-def test_smoke_sweep_end_to_end_then_idempotent_and_resumable(sample_data, tmp_path):
-    """With the real train.py: data -> train -> results -> fit; a rerun trains nothing (train.py answers
-    "already done" by run identity); a deleted row is written back from its run's final.json (an
-    earlier train.py saw final.json and exited 0, so the row stayed missing)."""
-    env = {"OUT": str(tmp_path / "sweep"), "DATA": str(sample_data), "CPU_JOBS": "2"}
-    first = sweep("--grid", "smoke", env=env)
-    results = tmp_path / "sweep" / "results.jsonl"
-    rows = [json.loads(line) for line in results.read_text().splitlines()]
+@pytest.mark.slow
+def test_smoke_sweep_end_to_end_then_idempotent_and_resumable(smoke_sweep, sample_data, tmp_path):
+    """With the real train.py: data -> train -> results -> fit (the session's smoke sweep); a rerun trains nothing
+    (train.py answers "already done" by run identity) and writes a deleted row back from its run's final.json
+    (an earlier train.py saw final.json and exited 0, so the row stayed missing)."""
+    trained, first_stdout = smoke_sweep
+    rows = [json.loads(line) for line in (trained / "results.jsonl").read_text().splitlines()]
     n_runs = len(plan_rows("smoke")[0])
-    assert len(rows) == n_runs and f"{n_runs} trained now" in first.stdout
-    fit = json.loads((tmp_path / "sweep" / "fit" / "fit.json").read_text())
-    assert math.isfinite(fit["joint"]["phi"]) and "phi" in (tmp_path / "sweep" / "fit" / "report.txt").read_text()
+    assert len(rows) == n_runs and f"{n_runs} trained now" in first_stdout
+    fit = json.loads((trained / "fit" / "fit.json").read_text())
+    assert math.isfinite(fit["joint"]["phi"]) and "phi" in (trained / "fit" / "report.txt").read_text()
 
-    again = sweep("--grid", "smoke", "--no-fit", env=env)
-    assert f"0 trained now, {n_runs} already done" in again.stdout
-    assert len(results.read_text().splitlines()) == n_runs
-
-    # Drop one row only: train.py sees a finished folder without its row and writes the row back from the
-    # folder's final.json, without retraining (an earlier train.py retrained the whole run).
+    # Rerun with one row dropped: train.py answers "already done" for the others and writes the dropped row back
+    # from its folder's final.json, without retraining (an earlier train.py retrained the whole run).
+    env = {"OUT": str(tmp_path / "sweep"), "DATA": str(sample_data), "CPU_JOBS": "2"}
+    shutil.copytree(trained, tmp_path / "sweep")  # the session's sweep stays as it is for the other tests
+    results = tmp_path / "sweep" / "results.jsonl"
     dropped = rows[3]
     results.write_text("".join(json.dumps(r) + "\n" for r in rows if r is not dropped))
-    third = sweep("--grid", "smoke", "--no-fit", env=env)
-    assert f"0 trained now, {n_runs - 1} already done, 0 reused, 1 restored" in third.stdout
-    assert f"restored {Path(dropped['out']).name}" in third.stdout
+    again = sweep("--grid", "smoke", "--no-fit", env=env)
+    assert f"0 trained now, {n_runs - 1} already done, 0 reused, 1 restored" in again.stdout
+    assert f"restored {Path(dropped['out']).name}" in again.stdout
     new_rows = [json.loads(line) for line in results.read_text().splitlines()]
     assert len(new_rows) == n_runs
     (restored,) = [r for r in new_rows if r["out"] == dropped["out"]]
@@ -559,7 +553,8 @@ def interrupt_sweep(env, whom, signum):
         proc.send_signal(signum)
     else:
         os.killpg(proc.pid, signum)
-    _, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=120)
+    stderr += stdout[-1000:]  # what sweep.sh said before stopping, for a failure's message
     deadline = time.time() + 30
     while time.time() < deadline and group_alive(proc.pid):
         time.sleep(0.1)
@@ -570,6 +565,7 @@ def interrupt_sweep(env, whom, signum):
     return proc.returncode, stderr, {name: said(name) for name in logs}
 
 
+@pytest.mark.slow
 def test_a_stopped_sweep_stops_every_run_at_once_and_a_rerun_resumes_them(sample_data, tmp_path):
     """Ctrl-C in a terminal (SIGINT to every process of the group) or SIGTERM to sweep.sh alone (timeout, kill):
     the sweep passes SIGTERM to its train.py runs (each started with `bash -c`, which execs it), each says it is

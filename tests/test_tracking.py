@@ -131,6 +131,7 @@ def logged_run(sample_data, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_a_run_logs_its_identity_steps_and_row_and_a_resumed_run_continues_its_id(logged_run):
     row = json.loads((logged_run / "final.json").read_text())
     steps = [json.loads(line) for line in (logged_run / "log.jsonl").read_text().splitlines()]
@@ -151,6 +152,7 @@ def test_a_run_logs_its_identity_steps_and_row_and_a_resumed_run_continues_its_i
     assert second["summary"]["val_loss"] == row["val_loss"] and "val_loss" not in first["summary"]
 
 
+@pytest.mark.slow
 def test_evaluate_adds_its_rows_to_the_summary_of_the_run_it_evaluates(logged_run, tmp_path):
     eval_tasks.write_bundle(tmp_path / "tasks" / "custom", [
         {"label": "lm", "type": "language_modeling", "num_fewshot": 0, "delimiter": " ", "baseline": 0,
@@ -171,6 +173,7 @@ def test_evaluate_adds_its_rows_to_the_summary_of_the_run_it_evaluates(logged_ru
     assert len(offline_runs(logged_run)) == 2
 
 
+@pytest.mark.slow
 def test_the_reader_refuses_a_damaged_record(logged_run, tmp_path):
     (path,) = sorted(logged_run.glob("wandb/offline-run-*/run-*.wandb"))[-1:]
     data = bytearray(path.read_bytes())
@@ -181,6 +184,7 @@ def test_the_reader_refuses_a_damaged_record(logged_run, tmp_path):
         read_wandb(tmp_path / "damaged.wandb")
 
 
+@pytest.mark.slow
 def test_without_wandb_nothing_is_imported_or_written_and_asking_for_it_is_one_line(sample_data, tmp_path):
     out = tmp_path / "run"
     args = ["--data", str(sample_data), "--out", str(out), *TINY]
@@ -214,6 +218,7 @@ def test_a_wandb_run_that_cannot_start_is_one_line_before_any_step(sample_data, 
     assert (out / "log.jsonl").read_text() == "" and not (out / "ckpt.pt").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", ["my project", "a/b", "x;y", ""])
 def test_a_bad_project_name_is_one_line_before_any_work(sample_data, tmp_path, bad):
     done = python("train.py", "--data", str(sample_data), "--out", str(tmp_path / "run"), *TINY, "--wandb", bad)
