@@ -156,6 +156,10 @@ def atomic_write(path, data):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        if err.filename is None:  # a failed write or fsync names no file: the one being written is the news
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     fd = os.open(path.parent, os.O_RDONLY)

@@ -6,6 +6,7 @@ non-embedding parameters, forward/backward compute per token relative to the unt
 and the difference to the untied model with its standard error over the seed pairs.
 
     python dev/untied_report.py dev/results/cpu-untied            # the table (also written to OUT/fit/table12.txt)
+    python dev/untied_report.py dev/results/cpu-untied --check    # the table only (the test compares it with the file)
 """
 import argparse
 import json
@@ -74,6 +75,8 @@ def report(rows):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="the cpu-untied sweep's OUT (its results.jsonl)")
+    parser.add_argument("--check", action="store_true", help="print the table only, leave OUT/fit/table12.txt as it "
+                                                              "is (the test compares the two)")
     args = parser.parse_args()
     path = Path(args.out) / "results.jsonl"
     if not path.is_file():
@@ -81,6 +84,8 @@ def main():
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     text = report(rows)
     print(text)
+    if args.check:
+        return
     (Path(args.out) / "fit").mkdir(exist_ok=True)
     (Path(args.out) / "fit" / "table12.txt").write_text(text + "\n")
 

@@ -266,8 +266,9 @@ def test_plan_prices_each_line_with_the_datas_vocab_and_estimates_wall_time(tmp_
     plans = [flops.tokens_for_budget(cfg, 2e12, 2048) for cfg in cfgs]
     for line, cfg, plan in zip(out[1:3], cfgs, plans):
         cols = line.split()
-        assert int(cols[5].replace(",", "")) == flops.param_counts(cfg)["n_params"]
-        assert int(cols[6].replace(",", "")) == plan["tokens"]
+        assert cols[5] == "-"  # a FLOP budget, not a token level (D/D0)
+        assert int(cols[6].replace(",", "")) == flops.param_counts(cfg)["n_params"]
+        assert int(cols[7].replace(",", "")) == plan["tokens"]
     total = sum(p["flops_actual"] for p in plans)
     assert f"2 runs, total compute {total:.3e} FLOPs" in proc.stdout
     assert f"estimated wall time {total / 1e9 / 3600:,.1f} h at 1.000e+09 FLOP/s" in proc.stdout
@@ -307,7 +308,7 @@ def test_plan_reads_the_training_shards_from_a_real_prepared_dataset(sample_data
 
 
 @pytest.mark.parametrize("lines, reason", [
-    (["x|--r 4 --scale 10"], "plan line 'x' has no --flops budget"),
+    (["x|--r 4 --scale 10"], "plan line 'x' has no --flops or --tokens horizon"),
     ([], "no plan lines on stdin"),
     (["x|--r 3 --scale 10 --flops 1e18"], "not divisible"),
 ])

@@ -1,6 +1,6 @@
 """
-The CPU study's published numbers are the committed results': README.md's phi table is what
-dev/study_tables.py computes from dev/results/cpu-micro*/ (rows and fits), line for line.
+The CPU study's published numbers are the committed results': README.md's phi table (and dev/README.md's
+downstream one) is what dev/study_tables.py computes from dev/results/cpu-micro*/ (rows and fits), line for line.
 (That each fit refits from its rows is tests/test_fit_laws.py; that the grid is sweep.sh's plan and
 brackets its minima is tests/test_sweep.py.)
 The accounting of every committed row is flops.py's, recomputed here from the row's own configuration, and
@@ -46,14 +46,14 @@ def study_tables_block(title):
     return block.splitlines()[1:]
 
 
-def test_readme_downstream_table_is_the_committed_category_fits():
-    """App. I at CPU scale: README's phi-per-category table is study_tables.py's rendering of the committed
-    fits (the validation loss of the same runs first, then each category of data/eval/categories-cpu.json),
-    before -> after the scoring change, and those fits read the committed evaluation rows."""
+def test_dev_readme_downstream_table_is_the_committed_category_fits():
+    """App. I at CPU scale: dev/README.md's phi-per-category table (README.md says it in one sentence) is
+    study_tables.py's rendering of the committed fits (the validation loss of the same runs first, then each
+    category of data/eval/categories-cpu.json), before -> after the scoring change."""
     table = study_tables_block("downstream phi per category")
     categories = json.loads((ROOT / "data" / "eval" / "categories-cpu.json").read_text())["categories"]
     assert [line.split(" | ")[0].strip("| ") for line in table[2:]] == ["val_loss", *sorted(categories)]
-    readme = (ROOT / "README.md").read_text().splitlines()
+    readme = (ROOT / "dev" / "README.md").read_text().splitlines()
     assert all(line in readme for line in table), table
     assert "[-3.00" not in "\n".join(table)  # no category identifies phi against the plain anchor: none is a CI
 
@@ -181,8 +181,9 @@ def test_committed_rows_are_flops_py_accounting_of_their_own_model(path):
 
 
 def bootstraps(path):
+    """The iso-depth bootstraps (phi's) in a committed fit JSON; a truncate-or-not fit's (c, p, q) has none."""
     fit = json.loads(path.read_text())
-    return [part["bootstrap"] for part in (fit, fit.get("compare") or {}) if part.get("bootstrap")]
+    return [part["bootstrap"] for part in (fit, fit.get("compare") or {}) if "phi_ci" in (part.get("bootstrap") or {})]
 
 
 COMMITTED_FITS = [path for path in sorted(RESULTS.glob("**/fit*.json")) + sorted(RESULTS.glob("**/compare*.json"))
@@ -226,7 +227,8 @@ def identities_from_sweep_flags(grid):
     return recomputed
 
 
-@pytest.mark.parametrize("grid", ["cpu-micro", "cpu-micro-trunc", "cpu-micro-hyper", "cpu-micro-layout"])
+@pytest.mark.parametrize("grid", ["cpu-micro", "cpu-micro-trunc", "cpu-micro-hyper", "cpu-micro-layout",
+                                  "cpu-truncate-or-not", "cpu-untied"])
 def test_committed_run_ids_follow_from_todays_flags_even_after_adding_an_optimiser_group(grid, monkeypatch):
     """A run is named by its identity's sha256: every committed run of the CPU grids gets its run_id back from
     the flags sweep.sh gives it today (so today's sweep reuses it). An optimiser group added to the code
@@ -248,7 +250,7 @@ def test_committed_run_ids_follow_from_todays_flags_even_after_adding_an_optimis
 
 
 @pytest.mark.parametrize("grid", ["cpu-micro", "cpu-micro-layout", "cpu-micro-lr", "cpu-micro-trunc", "cpu-micro-hyper",
-                                  "cpu-micro-gated", "cpu-micro-gated-quick"])
+                                  "cpu-micro-gated", "cpu-micro-gated-quick", "cpu-truncate-or-not", "cpu-untied"])
 def test_each_committed_run_keeps_its_final_json_which_is_its_row(grid):
     """The committed grids keep, of each run folder, final.json alone (what train.py wrote there: the row), so
     that a variant sweep reuses the committed runs instead of retraining them (tests/test_sweep.py)."""
@@ -257,3 +259,14 @@ def test_each_committed_run_keeps_its_final_json_which_is_its_row(grid):
     assert len(finals) == len(rows)
     for row in rows:
         assert json.loads((ROOT / row["out"] / "final.json").read_text()) == row
+
+
+def test_table_12_at_cpu_scale_is_what_its_rows_give():
+    """dev/results/cpu-untied/fit/table12.txt (Truncate or Not?'s Table 12 at CPU scale: untied vs (2, 2) vs (2, 2)
+    wider, three seeds) is dev/untied_report.py's report of the committed rows, line for line."""
+    out = subprocess.run([sys.executable, str(ROOT / "dev" / "untied_report.py"), str(ROOT / "dev" / "results" /
+                                                                                    "cpu-untied"), "--check"],
+                         capture_output=True, text=True, timeout=60)
+    committed = (ROOT / "dev" / "results" / "cpu-untied" / "fit" / "table12.txt").read_text()
+    assert out.returncode == 0 and out.stdout == committed, out.stderr
+    assert committed.count("(3 seeds)") == 9
