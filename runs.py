@@ -77,8 +77,8 @@ def train_parser(description=""):
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     g.add_argument("--threads", type=count, default=0,
-                   help="CPU threads (0: OMP_NUM_THREADS if set, else 1: two threads on a busy 2-core machine run "
-                        "the quick start ~10x slower than one, dev/bench_threads.py)")
+                   help="CPU threads (0: OMP_NUM_THREADS if set, else 1: with one core of 2 busy, two threads ran "
+                        "the quick start 2.5x slower than one; idle, 1.5x faster; dev/bench_threads.py)")
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: bf16 on GPU")
     g.add_argument("--compile", action="store_true", help="torch.compile the model (inductor, GPU or CPU)")
     tracking.add_args(g)  # --wandb PROJECT, --wandb-group GROUP
@@ -414,8 +414,9 @@ def check_run(path, data_dir=""):
 
 def cpu_threads(requested):
     """The thread count of a CPU run: --threads, else OMP_NUM_THREADS (sweep.sh sets one per run slot), else 1.
-    Models this small are dispatch-bound: a second thread buys little on an idle machine and, with another
-    program on a core, OpenMP's waiting threads collapse the speed (dev/bench_threads.py measures both)."""
+    A second thread makes the quick start 1.5x faster on an idle 2-core machine, but with another program on one
+    core OpenMP's threads wait on each other and run it at 0.4x of one thread (dev/bench_threads.py, both side by
+    side): one thread is the default that never collapses; sweep.sh runs one per core anyway."""
     if requested:
         return requested
     return int(os.environ.get("OMP_NUM_THREADS") or 1)

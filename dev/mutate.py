@@ -4,13 +4,19 @@ Mutation check: break one mechanism of the paper at a time and see whether the t
 Each entry of MUTATIONS is one semantic mutation: the file, the exact code, its broken version and the
 tests that should fail (pytest node ids, or "FILE -k EXPR"). For each, the repository is copied into a
 scratch folder (tempfile; the working tree is never touched), the code is replaced there, and the tests
-run with `python -m pytest -q -x` under a timeout. A mutation is "killed" when a test fails (or the run
-times out), "survived" when they all pass, "stale" when its exact code is no longer in the file (or is
-there more than once), "error" when pytest could not run the tests (e.g. a node id that does not exist).
-Anything but killed is a failure: exit 1, so the list stays in sync with the code and every mechanism
-on it keeps a test that pins it.
+run with `python -m pytest -q -x` under a timeout: first those in the fast subset (-m "not slow", the
+`slow` marker of pytest.ini), then, if they all pass, the slow ones. A mutation is "killed" when a test
+fails (or the run times out), and the report says by which subset: "fast" (what a fork's
+`python -m pytest -q tests -m "not slow"` catches) or "slow" (only the full suite does). It "survived" when
+they all pass, is "stale" when its exact code is no longer in the file (or is there more than once), and an
+"error" when pytest could not run the tests (e.g. a node id that does not exist). Anything but killed is a
+failure: exit 1, so the list stays in sync with the code and every mechanism on it keeps a test that pins it.
 
-    python dev/mutate.py                        # all mutations, one at a time; killed/survived and the kill rate
+    python dev/mutate.py                        # all mutations, one at a time; killed/survived, by which
+                                                # subset, and the kill rate
+    python dev/mutate.py --fast                 # only the fast subset of each entry's tests: which mutations it
+                                                # kills alone (the others are "slow only"; exit 1 only if one is
+                                                # stale or an error)
     python dev/mutate.py --list                 # the list: name, file, tests
     python dev/mutate.py --only rope_identity   # one (or a comma-separated few)
     python dev/mutate.py --check                # only check that every entry's code is in its file (seconds)
@@ -81,6 +87,13 @@ MUTATIONS = [
     M("cpu_kernel_not_used", "model.py", 'if name == "cpu" and v.dtype == torch.float32:',
       'if name == "never" and v.dtype == torch.float32:',
       ("tests/test_model.py -k cpu_kernel",), "the CPU backend trains with the kernel"),
+    M("cpu_kernel_at_every_head_dim", "model.py", "small_heads = head_dim is None or head_dim <= KERNEL_MAX_HEAD_DIM",
+      "small_heads = True", ("tests/test_model.py::test_the_cpu_kernel_is_chosen_only_where_it_is_the_faster_one",),
+      "the CPU kernel only where it is measured faster (head dim <= 8), SDPA above"),
+    M("cpu_threads_default_all_cores", "runs.py", 'return int(os.environ.get("OMP_NUM_THREADS") or 1)',
+      'return int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count())',
+      ("tests/test_train.py::test_a_cpu_run_takes_one_thread_unless_told",),
+      "a CPU run takes one thread unless told (two collapse on a busy machine)"),
     M("cpu_kernel_not_causal", "cpu_attention.py", "            p[l] = j <= i0 + l ? e : 0.0f;\n",
       "            p[l] = e;\n", ("tests/test_model.py -k cpu_kernel",), "causal attention, on CPU"),
     M("cpu_kernel_dk_unscaled", "cpu_attention.py", "store_tile(dk, acc_k, j0, a, a->scale);",
@@ -227,7 +240,8 @@ MUTATIONS = [
       "--val-fraction holds out each file's last documents"),
     M("best_fit_ties_take_the_latest", "prepare_data.py",
       "at = bisect.bisect_left(self.keys, (longest_that_fits, -1))", "at = fit - 1",
-      ("tests/test_prepare_data.py::test_micro_corpus_rows_are_the_ones_behind_the_committed_cpu_results",),
+      ("tests/test_prepare_data.py::test_best_fit_ties_go_to_the_earliest_buffered_piece",
+       "tests/test_prepare_data.py::test_micro_corpus_rows_are_the_ones_behind_the_committed_cpu_results"),
       "best-fit ties go to the earliest buffered piece (the committed rows' packing)"),
     M("crop_not_counted", "prepare_data.py", "self.cropped += length - len(piece)", "self.cropped += 0",
       ("tests/test_prepare_data.py::test_when_nothing_fits_the_shortest_is_cropped_and_counted",),
@@ -430,6 +444,10 @@ def pytest_args(tests, whole_files):
 RUNNING = set()  # the pytest processes in flight: stopped with their children on SIGTERM / Ctrl-C
 
 
+FAST, SLOW = ["-m", "not slow"], ["-m", "slow"]  # the two subsets of a mutation's tests (pytest.ini's marker)
+NO_TESTS = 5  # pytest's exit code when the selection holds no test (e.g. -m "not slow" of slow tests only)
+
+
 def run_pytest(targets, scratch, timeout):
     """(exit code or "timeout", output lines) of `python -m pytest -q -x targets` in `scratch`. pytest runs in
     its own process group, so a timeout stops the torchrun / mp.spawn processes it started as well."""
@@ -457,36 +475,60 @@ def stop(proc):
     proc.communicate()
 
 
-def run_mutation(mutation, scratch, timeout, whole_files):
-    """Apply one mutation in `scratch`, run its tests, restore the file. Returns (outcome, seconds, detail)."""
+def run_mutation(mutation, scratch, timeout, whole_files, fast_only=False):
+    """Apply one mutation in `scratch`, run its fast tests, then (unless they kill it, or fast_only) its slow
+    ones; restore the file. Returns (outcome, subset that killed it or "-", seconds, detail)."""
     path = scratch / mutation.file
     original = path.read_text()
     why = check(mutation, scratch)
     if why:
-        return "stale", 0.0, why
+        return "stale", "-", 0.0, why
     path.write_text(original.replace(mutation.code, mutation.broken))
     t0 = time.time()
+    targets = pytest_args(mutation.tests, whole_files)
     try:
-        code, tail = run_pytest(pytest_args(mutation.tests, whole_files), scratch, timeout)
+        outcome, detail = verdict(*run_pytest(targets + FAST, scratch, timeout), timeout)
+        subset = "fast"
+        if outcome in ("survived", "no tests") and not fast_only:
+            slow_outcome, slow_detail = verdict(*run_pytest(targets + SLOW, scratch, timeout), timeout)
+            if slow_outcome != "no tests":  # else the fast run's answer stands
+                outcome, detail, subset = slow_outcome, slow_detail, "slow"
     finally:
         path.write_text(original)
     seconds = time.time() - t0
+    if outcome != "killed":
+        subset = "-"
+    if fast_only and outcome in ("survived", "no tests"):  # only the full suite can catch it
+        if outcome == "no tests":
+            detail = "none of its tests is in the fast subset"
+        else:
+            detail = f"its fast tests pass: {detail}"
+        outcome = "slow only"
+    if outcome == "no tests":  # neither subset holds a test: the entry's ids match nothing
+        outcome, detail = "error", f"no test matches {' '.join(targets)}"
+    return outcome, subset, seconds, detail
+
+
+def verdict(code, tail, timeout):
+    """(outcome, detail) of one pytest run of a mutated copy: killed, survived, no tests or error."""
     last = tail[-1] if tail else ""
     if code == "timeout":
-        return "killed", seconds, f"timed out after {timeout} s"
+        return "killed", f"timed out after {timeout} s"
     if code == 1:
         failed = next((line for line in tail if line.startswith("FAILED")), last)
-        return "killed", seconds, failed
+        return "killed", failed
     if code == 2 and "error" in last:  # a collection error: the mutated module no longer imports
-        return "killed", seconds, last
+        return "killed", last
     if code == 0:
-        return "survived", seconds, last
-    return "error", seconds, f"pytest exit {code}: {last}"
+        return "survived", last
+    if code == NO_TESTS:
+        return "no tests", last
+    return "error", f"pytest exit {code}: {last}"
 
 
 def baseline_passes(chosen, scratch, args):
     """Every chosen entry's tests pass unmutated (else a failing test would 'kill' every mutation): the
-    entries' plain targets in one pytest run, each -k selection in its own."""
+    entries' plain targets in one pytest run, each -k selection in its own (with --fast, their fast subset)."""
     runs, plain = [], []
     for m in chosen:
         targets = pytest_args(m.tests, args.whole_files)
@@ -496,8 +538,8 @@ def baseline_passes(chosen, scratch, args):
             plain += [t for t in targets if t not in plain]
     runs = ([plain] if plain else []) + list(dict.fromkeys(map(tuple, runs)))
     for targets in runs:
-        code, tail = run_pytest(list(targets), scratch, args.timeout)
-        if code != 0:
+        code, tail = run_pytest(list(targets) + (FAST if args.fast else []), scratch, args.timeout)
+        if code != 0 and not (args.fast and code == NO_TESTS):
             first = next((x for x in tail if x.startswith(("FAILED", "ERROR"))), tail[-1] if tail else code)
             print(f"mutate.py: the unmutated tests fail ({' '.join(targets)[:200]}): {first}")
             return False
@@ -517,6 +559,8 @@ def main(argv=None):
                                                                "node ids (for a tests folder without those tests)")
     p.add_argument("--no-baseline", action="store_true", help="skip the first run of every chosen test unmutated "
                                                                "(a test that fails there would 'kill' every mutation)")
+    p.add_argument("--fast", action="store_true", help='run only the fast subset of each entry\'s tests (-m "not '
+                                                       'slow"): which mutations it kills alone')
     args = p.parse_args(argv)
     names = [name for name in args.only.split(",") if name]
     unknown = set(names) - {m.name for m in MUTATIONS}
@@ -549,26 +593,43 @@ def main(argv=None):
             stop(proc)
         for scratch in scratches:
             shutil.rmtree(scratch, ignore_errors=True)
-    killed = sum(outcome == "killed" for outcome in results.values())
-    counts = {k: sum(v == k for v in results.values()) for k in ("killed", "survived", "stale", "error")}
-    print(f"\nkill rate {killed}/{len(chosen)} = {100 * killed / len(chosen):.0f}% "
+    return summary(chosen, results, args.fast)
+
+
+def summary(chosen, results, fast_only):
+    """The kill rate and which subset killed what; the exit status (0: every mutation killed; with --fast, 0
+    unless one is stale or an error)."""
+    outcomes = {name: outcome for name, (outcome, _) in results.items()}
+    killed = sum(outcome == "killed" for outcome in outcomes.values())
+    counts = {k: sum(v == k for v in outcomes.values()) for k in ("killed", "slow only", "survived", "stale", "error")}
+    by_slow = [name for name, (outcome, subset) in results.items() if outcome == "killed" and subset == "slow"]
+    slow_only = [name for name, outcome in outcomes.items() if outcome == "slow only"] + by_slow
+    which = "the fast subset alone kills" if fast_only else "kill rate"
+    print(f"\n{which} {killed}/{len(chosen)} = {100 * killed / len(chosen):.0f}% "
           f"({', '.join(f'{v} {k}' for k, v in counts.items() if v)})")
+    if not fast_only:
+        print(f"killed by the fast subset (-m \"not slow\"): {killed - len(by_slow)}; "
+              f"only by slow tests: {len(by_slow)}")
+    if slow_only:
+        print(f"only the full suite catches: {', '.join(slow_only)}")
+    if fast_only:
+        return 0 if counts["stale"] + counts["error"] == 0 else 1
     return 0 if killed == len(chosen) else 1
 
 
 def run_all(chosen, scratches, args):
-    """Every chosen mutation, each in a free scratch copy (len(scratches) at a time); {name: outcome}."""
+    """Every chosen mutation, each in a free scratch copy (len(scratches) at a time); {name: (outcome, subset)}."""
     free, results = list(scratches), {}
     width = max(len(m.name) for m in chosen)
 
     def one(m):
         scratch = free.pop()
         try:
-            outcome, seconds, detail = run_mutation(m, scratch, args.timeout, args.whole_files)
+            outcome, subset, seconds, detail = run_mutation(m, scratch, args.timeout, args.whole_files, args.fast)
         finally:
             free.append(scratch)
-        results[m.name] = outcome
-        print(f"{m.name:<{width}}  {outcome:<8} {seconds:6.0f}s  {detail[:150]}", flush=True)
+        results[m.name] = (outcome, subset)
+        print(f"{m.name:<{width}}  {outcome:<9} {subset:<4} {seconds:6.0f}s  {detail[:150]}", flush=True)
 
     pool = ThreadPoolExecutor(len(scratches))
     try:
