@@ -96,11 +96,14 @@ def describe(run, model):
 
 
 def pick_adaptive(entries, which):
-    """The runs adaptive exit is measured on: all, or per trained r the one with the lowest trained loss."""
+    """The runs adaptive exit is measured on: all, or per trained r the one with the lowest trained loss; never a
+    hyperconnected run (model.adaptive_recurrence exits a token's state, which its lanes are not), chosen up front
+    so that a mixed sweep is not refused after its fixed curves."""
+    exitable = [entry for entry in entries if entry["info"]["injection"] != "hyper"]
     if which == "all":
-        return {entry["run"]["run_id"] for entry in entries}
+        return {entry["run"]["run_id"] for entry in exitable}
     best = {}
-    for entry in entries:
+    for entry in exitable:
         r, loss = entry["info"]["r"], entry["info"]["val_loss_trained"]
         if r > 1 and (r not in best or loss < best[r][0]):
             best[r] = (loss, entry["run"]["run_id"])
@@ -137,6 +140,9 @@ def measure(args):
     return rows
 
 
+R_COLORS = {1: "black", 2: "tab:blue", 4: "tab:orange", 8: "tab:green", 16: "tab:red"}
+
+
 def arch(row):
     untied = ", untied" if row["untied"] else ""
     return f"r={row['r']} bwd={row['r_bwd']} {row['injection']}{untied}"
@@ -154,22 +160,26 @@ def plot(rows, path):
     for row in fixed:  # measured here on the same rows when the loop list has it, else its final row's
         if row["loops"] == row["r"]:
             trained[row["run_id"]] = row["val_loss"]
-    for name in sorted({arch(row) for row in fixed}):
+    for name in sorted({arch(row) for row in fixed}, key=lambda name: (int(name.split()[0][2:]), name)):
         mine = [row for row in fixed if arch(row) == name]
         at = {}
         for row in mine:
             at.setdefault(row["loops"], []).append(row["val_loss"] - trained[row["run_id"]])
         xs = sorted(at)
-        left.plot(xs, [sum(at[x]) / len(at[x]) for x in xs], marker="o", ms=3, label=f"{name} ({len(mine) // len(xs)})")
-        left.axvline(mine[0]["r"], color=left.lines[-1].get_color(), lw=0.5, ls=":")
+        first = mine[0]
+        style = {"hyper": ":", "none": "-."}.get(first["injection"], "--" if first["r_bwd"] < first["r"] else "-")
+        left.plot(xs, [sum(at[x]) / len(at[x]) for x in xs], marker="o", ms=3, ls=style,
+                  color=R_COLORS.get(first["r"], "grey"), label=f"{name} ({len(mine) // len(xs)})")
+    # symlog: the plain r = 1 stack looped is off by nats, a trained loop count's neighbours by millinats
     left.set(xscale="log", xlabel="test-time loops", ylabel="loss - loss at the trained r (nats)",
-             title="test-time loops (dotted: trained r; runs per line)")
+             title="test-time loops (colour: trained r; -- truncated, : hyper, -. plain)")
+    left.set_yscale("symlog", linthresh=0.02)
     left.set_xticks(sorted({row["loops"] for row in fixed}), [str(x) for x in sorted({row["loops"] for row in fixed})])
-    left.legend(fontsize=6)
+    left.legend(fontsize=6, loc="lower right")
     for run_id in sorted({row["run_id"] for row in rows if row["mode"] != "fixed"}):
         mine = [row for row in rows if row["run_id"] == run_id]
-        base = sorted((row for row in mine if row["mode"] == "fixed" and row["loops"] <= row["r"]),
-                      key=lambda row: row["loops"])
+        base = sorted((row for row in mine if row["mode"] == "fixed" and 2 <= row["loops"] <= row["r"]),
+                      key=lambda row: row["loops"])  # from 2: a token exits after its second loop at the earliest
         line = right.plot([row["loops"] for row in base], [row["val_loss"] for row in base], marker="o", ms=3,
                           label=f"{mine[0]['run']}: fixed")[0]
         for criterion, marker in zip(EXIT_CRITERIA, ("s", "^")):

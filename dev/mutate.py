@@ -363,6 +363,10 @@ MUTATIONS = [
       ("tests/test_train.py::test_a_second_ctrl_c_exits_at_once_and_keeps_the_last_whole_checkpoint",),
       "a second Ctrl-C exits at once without a checkpoint"),
     # ---- model.py, engine.py, export_hf.py: a looped model at test time (issue 44) ----
+    M("adaptive_exit_tried_on_hyper_runs", "dev/loop_curves.py",
+      'exitable = [entry for entry in entries if entry["info"]["injection"] != "hyper"]', "exitable = entries",
+      ("tests/test_generate.py -k loop_curves",),
+      "adaptive exit is measured where a token's state can exit (not hyperconnections' lanes), chosen up front"),
     M("exited_state_moves_on", "model.py",
       "s = torch.where(active[..., None], self.run_shared(self.inject(e, s, weights), rope, cache, weights), s)",
       "s = self.run_shared(self.inject(e, s, weights), rope, cache, weights)",

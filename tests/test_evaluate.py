@@ -44,9 +44,10 @@ def tokenizer(sample_data):
     return dataloader.load_tokenizer(sample_data)
 
 
-def make_run(folder, data_dir, seed=0):
-    """A finished run folder as train.py leaves it (run.json, ckpt.pt, final.json) for an untrained tiny model."""
-    cfg = ModelConfig(**TINY)
+def make_run(folder, data_dir, seed=0, **config):
+    """A finished run folder as train.py leaves it (run.json, ckpt.pt, final.json) for an untrained tiny model
+    (TINY, with `config`'s fields changed)."""
+    cfg = ModelConfig(**{**TINY, **config})
     torch.manual_seed(seed)
     model = GPT(cfg)
     meta = dataloader.read_meta(data_dir, verify=False)

@@ -295,3 +295,31 @@ def test_an_exit_rule_that_means_nothing_is_refused(bad):
     from engine import adaptive_forward
     with pytest.raises(ValueError, match="state injection"):
         adaptive_forward(make(r=4, injection="hyper"), torch.zeros(1, 4, dtype=torch.long), ExitRule())
+
+
+def test_loop_curves_scores_each_run_at_each_loop_count_and_adaptive_exit_where_a_state_exits(sample_data, tmp_path):
+    """dev/loop_curves.py (App. A's test-time loops; adaptive exit beside them): a row per run and loop count, and
+    per threshold for the runs adaptive exit can exit (a state injection: a hyperconnected run is passed over up
+    front, not refused after its fixed curve). Threshold 0 never exits: the fixed model at max_loops, exactly."""
+    import json
+    import subprocess
+    import sys
+    from test_evaluate import REPO, make_run
+    linear = make_run(tmp_path / "runs" / "linear", sample_data, seed=1)
+    hyper = make_run(tmp_path / "runs" / "hyper", sample_data, seed=2, injection="hyper")
+    out = tmp_path / "loops"
+    proc = subprocess.run([sys.executable, "dev/loop_curves.py", str(linear), str(hyper), "--loops", "1,2,4",
+                           "--exit", "kl,latent", "--thresholds", "0,0.05", "--max-loops", "4", "--adaptive-runs", "all",
+                           "--rows", "8", "--batch", "8", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "loops.jsonl").read_text().splitlines()]
+    fixed = {(row["run"], row["loops"]): row["val_loss"] for row in rows if row["mode"] == "fixed"}
+    assert set(fixed) == {(run, loops) for run in ("linear", "hyper") for loops in (1, 2, 4)}
+    adaptive = [row for row in rows if row["mode"] != "fixed"]
+    assert {(row["run"], row["mode"], row["threshold"]) for row in adaptive} == \
+        {("linear", mode, t) for mode in ("kl", "latent") for t in (0, 0.05)}
+    for row in adaptive:
+        assert 1 <= row["mean_loops"] <= 4
+        if row["threshold"] == 0:
+            assert row["mean_loops"] == 4 and row["val_loss"] == pytest.approx(fixed[("linear", 4)], abs=1e-5)
+    assert (out / "loops.png").stat().st_size > 0
