@@ -691,22 +691,6 @@ reap() {  # collect finished runs; one failure is recorded and the sweep goes on
 # refilled (one second was most of a 56-run test sweep's minute; checking costs one `sleep` and kill -0's).
 POLL_S=0.2
 
-# The pause between looks, as `wait` on a background sleep: a Ctrl-C to the whole group then runs the trap below at
-# once. A foreground sleep would not always: bash acts on a SIGINT received while a foreground child runs only if
-# that child dies of it, and a child that had just exited normally made the sweep go on, its runs counted failed.
-pause() {
-  sleep "$POLL_S" &
-  wait $!
-}
-
-runs_in_flight() {  # 0 while a slot holds a run (builtins only, no subshell, for the same reason)
-  local pid
-  for pid in "${SLOT_PID[@]:-}"; do
-    if [ -n "$pid" ]; then return 0; fi
-  done
-  return 1
-}
-
 wait_for_slot() {  # sets SLOT to a free slot index (no subshell: SLOT_PID must stay ours)
   local i
   while true; do
@@ -714,7 +698,7 @@ wait_for_slot() {  # sets SLOT to a free slot index (no subshell: SLOT_PID must 
     for (( i = 0; i < SLOTS; i++ )); do
       if [ -z "${SLOT_PID[$i]:-}" ]; then SLOT=$i; return; fi
     done
-    pause
+    sleep "$POLL_S"
   done
 }
 
@@ -742,7 +726,7 @@ for line in "${RUN_ORDER[@]}"; do
   bash -c "$cmd" >> "$log" 2>&1 &
   SLOT_PID[$SLOT]=$!; SLOT_NAME[$SLOT]="$name"
 done
-while runs_in_flight; do reap; pause; done
+while [ -n "$(printf '%s' "${SLOT_PID[@]:-}")" ]; do reap; sleep "$POLL_S"; done
 
 echo "sweep $GRID: ${#LINES[@]} configurations: $TRAINED trained now, $DONE already done, $REUSED reused," \
      "$RESTORED restored, ${#BUSY[@]} busy, ${#FAILED[@]} failed"
