@@ -544,8 +544,12 @@ def interrupt_sweep(env, whom, signum):
 
     def said(name):
         return logs[name].read_text()[start[name]:] if logs[name].exists() else ""
+    # A terminal's shell starts sweep.sh with SIGINT at its default; pytest itself may not have it (a job a
+    # non-interactive shell starts in the background ignores SIGINT, and an ignored signal is inherited through
+    # exec: bash may not trap a signal ignored on entry), so the child gets the terminal's disposition back.
     proc = subprocess.Popen(["bash", "sweep.sh", *SMOKE_R4], cwd=REPO, env=dict(os.environ, **env), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120  # liveness bounds, here and below, not timings
     while time.time() < deadline and proc.poll() is None and min(said(n).count("\nstep ") for n in logs) < 2:
         time.sleep(0.05)
