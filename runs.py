@@ -414,9 +414,8 @@ def check_run(path, data_dir=""):
 
 def cpu_threads(requested):
     """The thread count of a CPU run: --threads, else OMP_NUM_THREADS (sweep.sh sets one per run slot), else 1.
-    A second thread makes the quick start 1.5x faster on an idle 2-core machine, but with another program on one
-    core OpenMP's threads wait on each other and run it at 0.4x of one thread (dev/bench_threads.py, both side by
-    side): one thread is the default that never collapses; sweep.sh runs one per core anyway."""
+    One thread is the default that never collapses when another program holds a core (OpenMP's threads then wait
+    on each other; --threads' help gives dev/bench_threads.py's numbers); sweep.sh runs one per core anyway."""
     if requested:
         return requested
     return int(os.environ.get("OMP_NUM_THREADS") or 1)

@@ -160,7 +160,8 @@ def plot(rows, path):
     for row in fixed:  # measured here on the same rows when the loop list has it, else its final row's
         if row["loops"] == row["r"]:
             trained[row["run_id"]] = row["val_loss"]
-    for name in sorted({arch(row) for row in fixed}, key=lambda name: (int(name.split()[0][2:]), name)):
+    trained_r = {arch(row): row["r"] for row in fixed}
+    for name in sorted(trained_r, key=lambda name: (trained_r[name], name)):
         mine = [row for row in fixed if arch(row) == name]
         at = {}
         for row in mine:
