@@ -2,16 +2,18 @@
 Scaling-law fits for the iso-depth looped-transformer sweep (paper §4.2–4.3, App. E, G): a Chinchilla law per
 architecture, the joint law with the recurrence-equivalence exponent phi and its block-bootstrap CI,
 the compute-optimal frontier per r, delta-phi between two sweeps, the looped/non-looped equivalence
-calculator. (The truncate-or-not law, an extension, is dev/truncate_law.py.)
+calculator; with --law truncate-or-not, Truncate or Not?'s law over (T, B) instead (truncate_law.py).
 
     python fit_laws.py runs/results.jsonl --json fit.json --plots out/fit   # report on stdout
     python fit_laws.py base.jsonl --compare truncated.jsonl          # delta-phi with a bootstrap CI
     python fit_laws.py --equiv 4 32 --phi 0.46                       # what is a looped model worth?
 
 Input: train.py's results file, one JSON object per run. Unfinished, diverged and duplicate rows are
-dropped with one line each on stderr. Runs are grouped into architectures by (r, r_bwd, injection);
-counts and FLOPs come from flops.py. Without a sweep: python dev/synthetic_sweep.py synth.jsonl writes
-the paper's grid with losses from a known law; dev/epoch_chinchilla.py refits Epoch's Chinchilla runs.
+dropped with one line each on stderr. Runs are grouped into architectures by (r, r_bwd, injection); an
+--untied run (Truncate or Not? App. E.2) shares nothing, so the law reads it at r^phi = 1 (laws.arch_key), an
+anchor beside the looped runs of its cells. Counts and FLOPs come from flops.py. Without a sweep:
+python dev/synthetic_sweep.py synth.jsonl writes the paper's grid with losses from a known law;
+dev/epoch_chinchilla.py refits Epoch's Chinchilla runs.
 
 Refused with one line, exit 2, before any fit: runs (of one fit, or of two compared sweeps) that differ in
 vocabulary, sequence length, effective depth, dataset or evaluation rows, whose losses are not comparable

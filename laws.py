@@ -55,8 +55,18 @@ JOINT_FIELDS = ("r", "n_once", "n_rec", "tokens", "val_loss", "flops_budget")
 # ----------------------------------------------------------------------------------------------
 # Runs grouped into architectures and budgets
 
+def is_untied(row):
+    """Whether a row is Truncate or Not?'s untied model (App. E.2), from JSON (true) or CSV text ("True")."""
+    return str(row.get("untied")).lower() in ("1", "true", "1.0")
+
+
 def arch_key(row):
-    """Architecture of a run: (r, r_bwd, injection)."""
+    """Architecture of a run: (r, r_bwd, injection). The untied model shares no weights between its loops, so the
+    iso-depth law reads it as an unshared model, (1, 1, "untied"): r^phi = 1 and N_eff = N, every parameter once.
+    At any loop count it is the anchor that differs from a looped model by the sharing alone (layout and compute
+    are the same), which is what phi measures."""
+    if is_untied(row):
+        return (1, 1, "untied")
     return (int(row["r"]), int(row["r_bwd"]), str(row["injection"]))
 
 
@@ -65,6 +75,8 @@ MARKER_OF_R = {1: "o", 2: "s", 4: "^", 8: "D"}  # every figure's marker of each 
 
 def arch_label(key):
     """An architecture's name in reports and legends: "r=1", or "r=4 bwd=2 linear"."""
+    if key[2] == "untied":
+        return "untied"
     if key[0] == 1:
         return f"r={key[0]}"
     return f"r={key[0]} bwd={key[1]} {key[2]}"
@@ -111,8 +123,8 @@ def _config_from_row(row, scale=None):
     if scale is not None:
         kw["scale"] = scale
     kw["scale"] = float(kw["scale"])  # fractional widths on the CPU grid
-    for flag in ("random_state_init", "untied"):  # booleans, also from CSV text
-        kw[flag] = str(kw.get(flag)).lower() in ("1", "true", "1.0")
+    kw["random_state_init"] = str(kw.get("random_state_init")).lower() in ("1", "true", "1.0")  # also CSV text
+    kw["untied"] = is_untied(kw)
     if kw["r"] == 1 and kw.get("injection", "none") == "none":
         # train.py's r = 1 rows store the resolved plain stack; let ModelConfig resolve it from depth
         # alone. A looped layout run once (truncate-or-not's (T, B) = (1, 1)) keeps its layout.
@@ -333,9 +345,11 @@ def fit_chinchilla(N, D, L, restarts=500, seed=0, workers=1, C=None, delta=HUBER
 def _joint_arrays(rows):
     """The JOINT_FIELDS columns of the rows as float arrays; ValueError naming the first one missing."""
     try:
-        return {k: column(rows, k) for k in JOINT_FIELDS}
+        arrays = {k: column(rows, k) for k in JOINT_FIELDS}
     except KeyError as err:
         raise ValueError(f"fit_joint: runs lack {err.args[0]}") from None
+    arrays["r"][[is_untied(row) for row in rows]] = 1.0  # the law's r of the untied model (arch_key)
+    return arrays
 
 
 def fit_joint(rows, restarts=500, seed=0, phi=None, workers=1, delta=HUBER_DELTA, weights=None, x0=None):

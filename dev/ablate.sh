@@ -111,10 +111,19 @@ if [ -n "$QUICK" ]; then  # the base on the variant's cells only, so that both a
   BASE="$OUT/fit/base.jsonl"
   LAYOUT="$OUT/fit/layout.jsonl"
 fi
-"$PYTHON" dev/ablation_report.py "$OUT" --layout-anchored-rows > "$OUT/fit/layout_anchored.jsonl"
-"$PYTHON" fit_laws.py "$BASE" --compare "$OUT/results.jsonl" "${FIT_FLAGS[@]}" --json "$OUT/fit/compare.json" \
+VARIANT="$OUT/results.jsonl"
+LAYOUT_VARIANT="$OUT/fit/layout_anchored.jsonl"
+if [[ " $* " == *" --untied "* ]]; then
+  # untied loops share nothing: the arm is an anchor, and both comparisons fit the base's looped runs against it
+  VARIANT="$OUT/fit/untied_anchored.jsonl"
+  LAYOUT_VARIANT="$VARIANT"
+  "$PYTHON" dev/ablation_report.py "$OUT" --untied-anchored-rows "$BASE" > "$VARIANT"
+else
+  "$PYTHON" dev/ablation_report.py "$OUT" --layout-anchored-rows > "$LAYOUT_VARIANT"
+fi
+"$PYTHON" fit_laws.py "$BASE" --compare "$VARIANT" "${FIT_FLAGS[@]}" --json "$OUT/fit/compare.json" \
   > "$OUT/fit/compare.txt"
-"$PYTHON" fit_laws.py "$LAYOUT" --compare "$OUT/fit/layout_anchored.jsonl" "${FIT_FLAGS[@]}" \
+"$PYTHON" fit_laws.py "$LAYOUT" --compare "$LAYOUT_VARIANT" "${FIT_FLAGS[@]}" \
   --json "$OUT/fit/compare_layout.json" > "$OUT/fit/compare_layout.txt"
 # The report refuses a folder marked INCOMPLETE; the EXIT trap marks it again if the report fails, and
 # fit/ablation.txt is renamed into place only once it is whole.

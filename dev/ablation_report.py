@@ -27,7 +27,7 @@ from diagnose_report import load as read_rows  # dev/'s one JSONL reader
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import flops  # noqa: E402
 from common import DataError, fail, one_line_errors, positive_int  # noqa: E402
-from laws import ci_bounds_reached, estimate_text  # noqa: E402 (the one way a CI is printed)
+from laws import ci_bounds_reached, estimate_text, is_untied  # noqa: E402 (the one way a CI is printed)
 from sweep_state import duration, parse_flags  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -170,6 +170,14 @@ def layout_anchored_rows(variant_rows):
     budgets = {row["flops_budget"] for row in variant_rows}
     anchor = [row for row in read_rows(LAYOUT / "results.jsonl") if row["r"] == 1 and row["flops_budget"] in budgets]
     return anchor + [row for row in variant_rows if row["r"] > 1]
+
+
+def untied_anchored_rows(variant_rows, base_rows):
+    """An --untied arm is an anchor, not a variant: nothing in its loops is shared, so the iso-depth law reads it
+    at r^phi = 1 (laws.arch_key). Its rows with the base's looped runs at the same (budget, r) cells: the one
+    difference between anchor and looped model is then the sharing (same layout, same FLOPs per token)."""
+    untied = [row for row in variant_rows if is_untied(row)]
+    return rows_in_cells([row for row in base_rows if row["r"] > 1], untied) + untied
 
 
 # ----------------------------------------------------------------------------------------------
@@ -404,6 +412,8 @@ def parse_args(argv=None):
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--layout-anchored-rows", action="store_true",
                       help="print the variant's looped rows with the layout-matched r = 1 rows, as JSONL, and stop")
+    mode.add_argument("--untied-anchored-rows", metavar="RESULTS",
+                      help="print the variant's untied rows with RESULTS' looped rows at their cells, as JSONL, and stop")
     mode.add_argument("--same-cells", metavar="RESULTS", help="print RESULTS' rows at the variant's (budget, r) cells")
     mode.add_argument("--r1-flags", action="store_true",
                       help="read the grid's `sweep.sh --print` lines on stdin and print the flags after -- that its "
@@ -434,7 +444,7 @@ def main():
     if args.r1_flags or args.plan:
         before_training(args, flags)
         return
-    rows_only = args.layout_anchored_rows or args.same_cells  # ablate.sh's steps before its report
+    rows_only = args.layout_anchored_rows or args.same_cells or args.untied_anchored_rows  # ablate.sh's steps
     if (out / INCOMPLETE).is_file() and not rows_only:
         fail("ablation_report.py", f"{out} is not a finished ablation ({out / INCOMPLETE} says how it stopped): "
                                    f"rerun its dev/ablate.sh command, which keeps what is done")
@@ -446,6 +456,8 @@ def main():
         return
     if args.same_cells:
         rows = rows_in_cells(read_rows(args.same_cells), variant_rows)
+    elif args.untied_anchored_rows:
+        rows = untied_anchored_rows(variant_rows, read_rows(args.untied_anchored_rows))
     else:
         rows = layout_anchored_rows(variant_rows)
     print("".join(json.dumps(row) + "\n" for row in rows), end="")
@@ -462,6 +474,9 @@ def report(out, variant_rows):
     print("\nwhat the same comparison gives with nothing changed (|Δ val loss|, nats/token):\n")
     print("\n".join(spread_lines(retrain, seeds)))
     print(f"\n(b) delta-phi = phi({name}) - phi(base), 95% CI (fit_laws.py --compare)\n")
+    if any(is_untied(row) for row in variant_rows):
+        print(f"{name} is untied, an anchor: its φ is the base's looped runs' φ against the untied model "
+              "(ablation_report.untied_anchored_rows), its Δφ what the anchor changes\n")
     print("| anchor | φ base | φ variant | Δφ |\n|---|---|---|---|")
     print(delta_phi_line("layout-matched r = 1", out / "fit" / "compare_layout.json"))
     print(delta_phi_line("plain r = 1", out / "fit" / "compare.json"))

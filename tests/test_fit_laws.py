@@ -149,6 +149,25 @@ def test_reference_points_phi_0_and_1_recovered(phi):
     assert wrong["r2"] < free["r2"] - 0.01
 
 
+def test_the_untied_model_is_the_anchor_at_r_phi_1():
+    """Truncate or Not? App. E.2's untied model shares nothing between its loops, so the iso-depth law reads it at
+    r^phi = 1 (N_eff = N): beside the looped runs of the same cells (same layout, same FLOPs per token) it
+    identifies phi without any r = 1 run. Read as if its loops were shared, the same rows give another phi."""
+    rng = np.random.default_rng(0)
+    looped = [row for row in ss.synthetic_rows(seed=0) if row["r"] > 1]
+    untied = []
+    for row in looped:
+        cfg = flops.ModelConfig(r=row["r"], scale=row["scale"], untied=True, vocab_size=32064, seq_len=2048)
+        twin = flops.summary(cfg, row["flops_budget"], 2 ** 18)
+        loss = float(laws.law_loss(TRUTH, twin["n_once"], twin["n_rec"], 1, twin["tokens"]))
+        untied.append({**twin, "val_loss": loss + 0.01 * float(rng.standard_normal())})
+    rows = fl.prepare_rows(looped + untied)
+    assert sorted(fl.by_arch(rows)) == [(1, 1, "untied"), (2, 2, "linear"), (4, 4, "linear"), (8, 8, "linear")]
+    assert fl.fit_joint(rows, restarts=40, seed=0, workers=2)["phi"] == pytest.approx(TRUTH["phi"], abs=0.03)
+    shared = fl.prepare_rows(looped + [dict(row, untied=False) for row in untied])
+    assert fl.fit_joint(shared, restarts=40, seed=0, workers=2)["phi"] < TRUTH["phi"] - 0.3
+
+
 def test_restricted_fits_lose_fit_quality_at_phi_046(sweep):
     rows, joint, _ = sweep
     r2 = {phi: fl.fit_joint(rows, restarts=60, seed=0, phi=phi, workers=2)["r2"] for phi in (0.0, 1.0)}
