@@ -475,8 +475,8 @@ def report(out, variant_rows):
     print("\n".join(spread_lines(retrain, seeds)))
     print(f"\n(b) delta-phi = phi({name}) - phi(base), 95% CI (fit_laws.py --compare)\n")
     if any(is_untied(row) for row in variant_rows):
-        print(f"{name} is untied, an anchor: its φ is the base's looped runs' φ against the untied model "
-              "(ablation_report.untied_anchored_rows), its Δφ what the anchor changes\n")
+        print(f"the {name} arm trains untied loops, which share nothing: an anchor. Its φ is the base's looped runs' "
+              "φ against the untied model (untied_anchored_rows), its Δφ what that anchor changes\n")
     print("| anchor | φ base | φ variant | Δφ |\n|---|---|---|---|")
     print(delta_phi_line("layout-matched r = 1", out / "fit" / "compare_layout.json"))
     print(delta_phi_line("plain r = 1", out / "fit" / "compare.json"))

@@ -32,7 +32,8 @@ GRIDS = [("cpu-micro", "base (linear injection)", "0.46 [0.41, 0.53]"),
          ("cpu-micro-lr", "base, r = 2 and 4 at their own MuonH LR", "-"),
          ("cpu-micro-trunc", "truncated BPTT, r_bwd = ceil(r/2)", "0.38"),
          ("cpu-micro-hyper", "hyperconnections, K = 2", "0.65"),
-         ("cpu-micro-gated", "gated injection (dev/ablate.sh)", "-")]
+         ("cpu-micro-gated", "gated injection (dev/ablate.sh)", "-"),
+         ("cpu-micro-untied", "base's looped runs against the untied model (dev/ablate.sh)", "-")]
 CASE_STUDIES = ["cpu-micro-trunc", "cpu-micro-hyper", "cpu-micro-gated"]
 
 

@@ -121,6 +121,33 @@ def test_the_quick_preset_reads_as_a_paired_table_and_point_estimates(tmp_path):
     assert {row["run_id"] for row in rows if row["r"] == 1} <= base
 
 
+def test_the_untied_arm_is_the_anchor_of_the_bases_looped_runs():
+    """`bash dev/ablate.sh untied -- --untied`: every looped cell of the base trained untied (Truncate or Not?
+    App. E.2: each loop its own block, W_inj and norm; the tied model's FLOPs per token), its r = 1 runs the base's
+    own. Untied loops share nothing, so the arm is an anchor: both comparisons fit the base's 42 looped runs
+    against its 42 untied runs (the committed fit/untied_anchored.jsonl), and the report says so."""
+    out = RESULTS / "cpu-micro-untied"
+    rows = read_jsonl(out / "results.jsonl")
+    base = read_jsonl(RESULTS / "cpu-micro" / "results.jsonl")
+    untied = [row for row in rows if row.get("untied")]
+    cells = sorted((row["flops_budget"], row["r"], row["scale"]) for row in untied)
+    assert cells == sorted((row["flops_budget"], row["r"], row["scale"]) for row in base if row["r"] > 1)
+    assert {row["run_id"] for row in rows if not row.get("untied")} <= {row["run_id"] for row in base}
+    tied = {(row["flops_budget"], row["r"], row["scale"]): row for row in base}
+    for row in untied:
+        twin = tied[row["flops_budget"], row["r"], row["scale"]]
+        assert row["flops_per_token"] == twin["flops_per_token"]
+        assert row["n_params"] == twin["n_once"] + row["r"] * (twin["n_rec"] + row["d_model"]) - row["d_model"]
+    anchored = read_jsonl(out / "fit" / "untied_anchored.jsonl")
+    want = ablation_report.untied_anchored_rows(rows, base)
+    assert [row["run_id"] for row in anchored] == [row["run_id"] for row in want] and len(anchored) == 84
+    for name in ("compare.json", "compare_layout.json"):
+        fitted = json.loads((out / "fit" / name).read_text())["compare"]
+        assert fitted["groups"] == {"untied": 42, "r=2 bwd=2 linear": 14, "r=4 bwd=4 linear": 14,
+                                    "r=8 bwd=8 linear": 14}
+    assert "arm trains untied loops, which share nothing: an anchor" in (out / "fit" / "ablation.txt").read_text()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("anchor", ["cpu-micro", "cpu-micro-layout"])
 def test_an_ablation_reuses_the_committed_fit_of_each_anchor(anchor, tmp_path):

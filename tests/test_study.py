@@ -20,16 +20,18 @@ import flops
 ROOT = Path(__file__).resolve().parents[1]
 # the case studies fitted against the layout-matched r = 1 (dev/study_tables.py --layout-anchored)
 # (an ablation's --quick preset, dev/ablate.sh, is a paired table: its point delta-phi has no CI and is not listed)
+# (an --untied arm compares the layout-matched fit with its own anchor's: test_ablation.py reads that one)
 LAYOUT_COMPARES = sorted(path for path in (ROOT / "dev" / "results").glob("cpu-micro-*/fit/compare_layout.json")
-                         if not path.parts[-3].endswith("-quick"))
+                         if not path.parts[-3].endswith("-quick") and not (path.parent / "untied_anchored.jsonl").exists())
 
 
 def test_readme_phi_table_is_the_committed_fits():
     out = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py")], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     table = out.split("\n\n")[0].splitlines()[1:]
-    # header, the six grids (base, layout, lr, trunc, hyper, the gated ablation), the layout-anchored case studies
-    assert len(table) == 2 + 6 + len(LAYOUT_COMPARES) and "not fitted yet" not in "".join(table)
+    # header, the seven grids (base, layout, lr, trunc, hyper, the gated and untied ablations), the layout-anchored
+    # case studies
+    assert len(table) == 2 + 7 + len(LAYOUT_COMPARES) and "not fitted yet" not in "".join(table)
     readme = (ROOT / "README.md").read_text().splitlines()
     assert all(line in readme for line in table), table
     # a CI that runs to the fitter's bound (phi = -3) is not an interval: the plain anchor's, and every delta-phi
@@ -129,6 +131,7 @@ EXPECTED_RESULTS = {"cpu-micro/results.jsonl": 56, "cpu-micro-layout/results.jso
                     "cpu-micro-eval/results.jsonl": 56, "cpu-micro-eval/seeds.jsonl": 4,
                     "cpu-micro-eval-core/results.jsonl": 56,
                     "cpu-micro-gated/results.jsonl": 56, "cpu-micro-gated-quick/results.jsonl": 14,
+                    "cpu-micro-untied/results.jsonl": 56,
                     "cpu-micro-newstep/results.jsonl": 26, "cpu-micro-kernel/results.jsonl": 24,
                     "cpu-micro-kernel/sdpa.jsonl": 24, "cpu-micro-kernel/fragile.jsonl": 4}
 
@@ -150,7 +153,7 @@ def test_every_expected_result_set_is_committed_whole():
     for name, n_rows in EXPECTED_RESULTS.items():
         assert len(read_jsonl(RESULTS / name)) == n_rows, name
     assert {RESULTS / name for name in EXPECTED_RESULTS} <= set(COMMITTED_ROWS)
-    assert sum(EXPECTED_RESULTS.values()) == 702
+    assert sum(EXPECTED_RESULTS.values()) == 758
 
 
 @pytest.mark.parametrize("path", COMMITTED_ROWS, ids=[str(p.relative_to(RESULTS)) for p in COMMITTED_ROWS])
