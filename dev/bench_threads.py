@@ -41,12 +41,12 @@ def start_busy_loop():
     return subprocess.Popen([sys.executable, "-c", code])
 
 
-def tokens_per_s(data, threads, tokens, scratch):
-    """train.py's measured tokens/s of one fresh run at `threads` threads."""
+def tokens_per_s(data, threads, horizon, scratch):
+    """train.py's measured tokens/s of one fresh run at `threads` threads; `horizon`: flags after QUICKSTART's."""
     out = Path(tempfile.mkdtemp(dir=scratch))
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    subprocess.run([sys.executable, "train.py", "--data", str(data), "--out", str(out), "--tokens", str(tokens),
-                    "--threads", str(threads), *QUICKSTART], cwd=REPO, check=True, capture_output=True, env=env)
+    subprocess.run([sys.executable, "train.py", "--data", str(data), "--out", str(out), "--threads", str(threads),
+                    *QUICKSTART, *horizon], cwd=REPO, check=True, capture_output=True, env=env)
     return json.loads((out / "final.json").read_text())["tokens_per_s"]
 
 
@@ -54,10 +54,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2, help="runs of each arm, taking turns")
     parser.add_argument("--tokens", type=int, default=40960, help="tokens per run (20 steps of 2,048)")
-    parser.add_argument("--tiny", action="store_true", help="one round of 2 steps")
+    parser.add_argument("--tiny", action="store_true", help="one round of 2 steps of 512 tokens, 2 validation rows")
     args = parser.parse_args()
-    if args.tiny:
-        args.rounds, args.tokens = 1, 4096
+    horizon = ["--tokens", str(args.tokens)]
+    if args.tiny:  # the 2-thread arm beside the busy loop runs at ~1/10 speed: a smoke test keeps it to seconds
+        args.rounds = 1
+        horizon = ["--tokens", "1024", "--batch-tokens", "512", "--eval-rows", "2"]
     speeds = {}
     with tempfile.TemporaryDirectory() as scratch:
         data = Path(scratch) / "sample"
@@ -68,7 +70,7 @@ def main():
                 try:
                     time.sleep(0.5 if busy else 0)
                     for threads in (1, 2):
-                        speeds.setdefault((load, threads), []).append(tokens_per_s(data, threads, args.tokens, scratch))
+                        speeds.setdefault((load, threads), []).append(tokens_per_s(data, threads, horizon, scratch))
                 finally:
                     if busy:
                         busy.kill()

@@ -23,7 +23,8 @@ from conftest import REPO, sweep
 from slurm_cluster import Cluster, job_steps
 from test_sweep import plan_rows
 
-pytestmark = pytest.mark.slow
+# one pytest-xdist worker holds the cluster and the session's smoke sweep, which test_sweep also reads
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smoke_sweep")]
 
 PLAN = plan_rows("smoke")[0]
 LONGEST = sorted(PLAN, key=lambda run: -run["steps"])  # the runs with the most steps: time to interrupt them

@@ -483,6 +483,7 @@ def test_data_that_does_not_cover_the_largest_run_is_refused_before_any_run(fake
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("smoke_sweep")  # the worker that trained it for test_slurm
 def test_smoke_sweep_end_to_end_then_idempotent_and_resumable(smoke_sweep, sample_data, tmp_path):
     """With the real train.py: data -> train -> results -> fit (the session's smoke sweep); a rerun trains nothing
     (train.py answers "already done" by run identity) and writes a deleted row back from its run's final.json
