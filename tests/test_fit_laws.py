@@ -710,9 +710,11 @@ def test_bracketed_cpu_sweep_identifies_phi_and_the_committed_fit_reproduces():
 STUDY = ROOT / "dev" / "results"
 STUDY_FITS = sorted(STUDY.glob("cpu-micro*/fit/fit.json"))
 # (fit file, the rows it was fitted from): each grid's own fit, and each case study against the
-# layout-matched r = 1 (the "compare" half of compare_layout.json, fitted from layout_anchored.jsonl)
+# layout-matched r = 1 (the "compare" half of compare_layout.json, fitted from layout_anchored.jsonl, or for the
+# untied arm from untied_anchored.jsonl: the file it names)
 STUDY_FIT_ROWS = ([(p, p.parent.parent / "results.jsonl") for p in STUDY_FITS] +
-                  [(p, p.parent / "layout_anchored.jsonl") for p in sorted(STUDY.glob("cpu-micro*/fit/compare_layout.json"))
+                  [(p, ROOT / json.loads(p.read_text())["compare"]["file"])
+                   for p in sorted(STUDY.glob("cpu-micro*/fit/compare_layout.json"))
                    if not p.parts[-3].endswith("-quick")])  # --quick: one looped r at two budgets, no phi to refit
 
 
