@@ -74,7 +74,7 @@ MARKER_OF_R = {1: "o", 2: "s", 4: "^", 8: "D"}  # every figure's marker of each 
 
 
 def arch_label(key):
-    """An architecture's name in reports and legends: "r=1", or "r=4 bwd=2 linear"."""
+    """An architecture's name in reports and legends: "r=1", "r=4 bwd=2 linear", or "untied"."""
     if key[2] == "untied":
         return "untied"
     if key[0] == 1:
