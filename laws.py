@@ -55,9 +55,14 @@ JOINT_FIELDS = ("r", "n_once", "n_rec", "tokens", "val_loss", "flops_budget")
 # ----------------------------------------------------------------------------------------------
 # Runs grouped into architectures and budgets
 
+def flag_set(row, name):
+    """A boolean field of a row, from JSON (true) or CSV text ("True", "1")."""
+    return str(row.get(name)).lower() in ("1", "true", "1.0")
+
+
 def is_untied(row):
-    """Whether a row is Truncate or Not?'s untied model (App. E.2), from JSON (true) or CSV text ("True")."""
-    return str(row.get("untied")).lower() in ("1", "true", "1.0")
+    """Whether a row is Truncate or Not?'s untied model (App. E.2)."""
+    return flag_set(row, "untied")
 
 
 def arch_key(row):
@@ -123,8 +128,8 @@ def _config_from_row(row, scale=None):
     if scale is not None:
         kw["scale"] = scale
     kw["scale"] = float(kw["scale"])  # fractional widths on the CPU grid
-    kw["random_state_init"] = str(kw.get("random_state_init")).lower() in ("1", "true", "1.0")  # also CSV text
-    kw["untied"] = is_untied(kw)
+    for flag in ("random_state_init", "untied"):
+        kw[flag] = flag_set(kw, flag)
     if kw["r"] == 1 and kw.get("injection", "none") == "none":
         # train.py's r = 1 rows store the resolved plain stack; let ModelConfig resolve it from depth
         # alone. A looped layout run once (truncate-or-not's (T, B) = (1, 1)) keeps its layout.

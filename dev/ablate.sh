@@ -113,12 +113,14 @@ if [ -n "$QUICK" ]; then  # the base on the variant's cells only, so that both a
 fi
 VARIANT="$OUT/results.jsonl"
 LAYOUT_VARIANT="$OUT/fit/layout_anchored.jsonl"
-if [[ " $* " == *" --untied "* ]]; then
-  # untied loops share nothing: the arm is an anchor, and both comparisons fit the base's looped runs against it
+# An arm whose runs trained untied (whatever spelling of the flag train.py took) is an anchor: untied loops share
+# nothing, so both comparisons fit the base's looped runs against it. Its rows file is empty for any other arm.
+"$PYTHON" dev/ablation_report.py "$OUT" --untied-anchored-rows "$BASE" > "$OUT/fit/untied_anchored.jsonl"
+if [ -s "$OUT/fit/untied_anchored.jsonl" ]; then
   VARIANT="$OUT/fit/untied_anchored.jsonl"
   LAYOUT_VARIANT="$VARIANT"
-  "$PYTHON" dev/ablation_report.py "$OUT" --untied-anchored-rows "$BASE" > "$VARIANT"
 else
+  rm "$OUT/fit/untied_anchored.jsonl"
   "$PYTHON" dev/ablation_report.py "$OUT" --layout-anchored-rows > "$LAYOUT_VARIANT"
 fi
 "$PYTHON" fit_laws.py "$BASE" --compare "$VARIANT" "${FIT_FLAGS[@]}" --json "$OUT/fit/compare.json" \

@@ -2,7 +2,10 @@
 and generate(). Tiny fp32 models (d = 16, head dim 8) with every weight moved off its init, so that
 W_inj and the hyperconnection parameters really mix e and the state."""
 import itertools
+import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -301,9 +304,6 @@ def test_loop_curves_scores_each_run_at_each_loop_count_and_adaptive_exit_where_
     """dev/loop_curves.py (App. A's test-time loops; adaptive exit beside them): a row per run and loop count, and
     per threshold for the runs adaptive exit can exit (a state injection: a hyperconnected run is passed over up
     front, not refused after its fixed curve). Threshold 0 never exits: the fixed model at max_loops, exactly."""
-    import json
-    import subprocess
-    import sys
     from test_evaluate import REPO, make_run
     linear = make_run(tmp_path / "runs" / "linear", sample_data, seed=1)
     hyper = make_run(tmp_path / "runs" / "hyper", sample_data, seed=2, injection="hyper")
