@@ -19,10 +19,10 @@ import json
 import sys
 from pathlib import Path
 
-import allocation
+from nanoloop import allocation
 import flops
-import laws
-from common import fail, one_line_errors, positive_float, positive_int
+from nanoloop import laws
+from nanoloop.common import fail, one_line_errors, positive_float, positive_int
 
 PROG = "allocate.py"
 # The layouts an iso-depth fit's width family is drawn in: the paper's, or the CPU grids' (sweep.sh's flags).

@@ -31,15 +31,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import common
-import tracking
-from common import (DataError, append_row, check_writable, count, finite_float, positive_int, positive_int_list,
-                    read_rows, row_key)
-from dataloader import load_tokenizer
-from engine import sample_texts
-from eval_tasks import (CATEGORIES, CORE_URL, SCORINGS, category_losses, load_bundle, prepare_bundle, read_categories,
-                        render, select_items, shot_indices)
-from runs import autocast_for, find_runs, load_run_model
+from nanoloop import common
+from nanoloop import tracking
+from nanoloop.common import (DataError, append_row, check_writable, count, finite_float, positive_int,
+                             positive_int_list, read_rows, row_key)
+from nanoloop.dataloader import load_tokenizer
+from nanoloop.engine import sample_texts
+from nanoloop.eval_tasks import (CATEGORIES, CORE_URL, SCORINGS, category_losses, load_bundle, prepare_bundle,
+                                 read_categories, render, select_items, shot_indices)
+from nanoloop.runs import autocast_for, find_runs, load_run_model
 
 ROW_KEY = ("run_id", "task", "r", "num_fewshot")  # one row per key in a results file; a rerun skips what it holds
 LEGACY_SCORING = "nanoloop-v1"  # rows without a "scoring" field were all scored so (written before it existed)

@@ -39,16 +39,17 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import common
-from common import DataError
-from dataloader import BOS_TOKEN, EXTRA_TOKEN, SPLIT_PATTERN, read_meta
-from runs import check_run, load_run_model
+from nanoloop import common
+from nanoloop.common import DataError
+from nanoloop.dataloader import BOS_TOKEN, EXTRA_TOKEN, SPLIT_PATTERN, read_meta
+from nanoloop.runs import check_run, load_run_model
 
 ROOT = Path(__file__).resolve().parent
 WRAPPER = "modeling_nanoloop"  # the module config.json's auto_map names
 # What the wrapper imports of the project (GPT and rope_tables, ModelConfig, cached_forward); everything these
 # import comes along, found from their imports (library_modules).
-WRAPPER_IMPORTS = ("model", "flops", "engine")
+WRAPPER_IMPORTS = ("model", "flops", "nanoloop.engine")
+PACKAGE = "nanoloop"  # the library's package: its modules are copied beside model.py
 NEEDED = ("transformers", "safetensors")  # their versions are pinned in requirements-dev.txt
 
 
@@ -60,26 +61,37 @@ def fail(message):
 # ----------------------------------------------------------------------------------------------
 # The remote code: the project's own files, their imports made package-relative
 
-def is_project_module(name):
-    return (ROOT / f"{name}.py").is_file()
+def module_file(name):
+    """The file of project module `name` ("model" at the root, "nanoloop.engine" in the package), else None."""
+    path = ROOT.joinpath(*name.split(".")).with_suffix(".py")
+    if path.is_file():
+        return path
+    return None
+
+
+def export_name(name):
+    """A module's name in the export, whose folder is flat (transformers loads remote code from one folder):
+    nanoloop.engine becomes engine."""
+    return name.split(".")[-1]
+
+
+def imported_modules(node):
+    """The project modules (dotted names) one import statement names: `import flops`, `from flops import X`,
+    `from nanoloop.common import X`, `from nanoloop import cpu_attention`."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == PACKAGE:
+        names = [f"{PACKAGE}.{alias.name}" for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0:
+        names = [node.module]
+    else:
+        names = []
+    return [name for name in names if module_file(name)]
 
 
 def project_imports(source):
     """The import statements (ast nodes, at any depth) of `source` that name a project module."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import) and any(is_project_module(alias.name) for alias in node.names):
-            found.append(node)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and is_project_module(node.module):
-            found.append(node)
-    return found
-
-
-def imported_modules(node):
-    """The project modules one import statement names."""
-    if isinstance(node, ast.ImportFrom):
-        return [node.module]
-    return [alias.name for alias in node.names if is_project_module(alias.name)]
+    return [node for node in ast.walk(ast.parse(source)) if imported_modules(node)]
 
 
 def library_modules(roots=WRAPPER_IMPORTS):
@@ -91,19 +103,22 @@ def library_modules(roots=WRAPPER_IMPORTS):
         if name in found:
             continue
         found.add(name)
-        for node in project_imports((ROOT / f"{name}.py").read_text()):
+        for node in project_imports(module_file(name).read_text()):
             todo += imported_modules(node)
     return sorted(found)
 
 
 def relative_statements(node):
     """The package-relative form of an import of project modules, as statements: `from flops import X` becomes
-    `from .flops import X` and `import cpu_attention` becomes `from . import cpu_attention`; other modules of
-    the same `import` statement keep an `import` of their own."""
+    `from .flops import X`, `from nanoloop.common import X` becomes `from .common import X`, and `import flops`
+    or `from nanoloop import cpu_attention` becomes `from . import flops` or `from . import cpu_attention`; other
+    modules of the same `import` statement keep an `import` of their own."""
+    if isinstance(node, ast.ImportFrom) and node.module == PACKAGE:
+        return [ast.unparse(ast.ImportFrom(module=None, names=node.names, level=1))]
     if isinstance(node, ast.ImportFrom):
-        return [ast.unparse(ast.ImportFrom(module=node.module, names=node.names, level=1))]
-    ours = [alias for alias in node.names if is_project_module(alias.name)]
-    others = [alias for alias in node.names if not is_project_module(alias.name)]
+        return [ast.unparse(ast.ImportFrom(module=export_name(node.module), names=node.names, level=1))]
+    ours = [alias for alias in node.names if module_file(alias.name)]
+    others = [alias for alias in node.names if not module_file(alias.name)]
     statements = [ast.unparse(ast.ImportFrom(module=None, names=ours, level=1))]
     if others:
         statements.insert(0, ast.unparse(ast.Import(names=others)))
@@ -123,7 +138,7 @@ def relative_source(name):
     """Project module `name`'s text as the export holds it, changed in one way only: its imports of project modules
     become package-relative. (cpu_attention.py names its torch ops after its own module, so a copy registers ops
     of its own beside the repository's.)"""
-    source = (ROOT / f"{name}.py").read_text()
+    source = module_file(name).read_text()
     edits = []
     for node in project_imports(source):
         indent = " " * node.col_offset
@@ -248,7 +263,8 @@ class NanoloopForCausalLM(PreTrainedModel, GenerationMixin):
 
 def wrapper_source(modules):
     """modeling_nanoloop.py: WRAPPER_SOURCE with a `from .NAME import` line for each copied module."""
-    lines = [f"from .{name} import __name__ as {name}_module  # noqa: F401" for name in modules]
+    names = [export_name(name) for name in modules]
+    lines = [f"from .{name} import __name__ as {name}_module  # noqa: F401" for name in names]
     return WRAPPER_SOURCE.replace("@COPIED_MODULES@", "\n".join(lines))
 
 
@@ -339,7 +355,7 @@ def write_export(folder, run, model, tokenizer, meta):
     from safetensors.torch import save_file
     modules = library_modules()
     for name in modules:
-        (folder / f"{name}.py").write_text(relative_source(name))
+        (folder / f"{export_name(name)}.py").write_text(relative_source(name))
     (folder / f"{WRAPPER}.py").write_text(wrapper_source(modules))
     (folder / "config.json").write_text(json.dumps(config_json(run, model, meta), indent=2) + "\n")
     save_file(weights(model), folder / "model.safetensors", metadata={"format": "pt"})
@@ -372,7 +388,7 @@ def main(argv=None):
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(f"exported {run['name']} (r = {model.cfg.r}, {meta['tokenizer_kind']} tokenizer) to {out}: "
-          f"{', '.join(f'{name}.py' for name in modules)} and {WRAPPER}.py")
+          f"{', '.join(f'{export_name(name)}.py' for name in modules)} and {WRAPPER}.py")
     return 0
 
 

@@ -33,18 +33,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # laws first: it sets OpenBLAS's thread count before numpy loads (the fits run one thread per process).
-from laws import (BOX_HI, BOX_LO, CONFIG_FIELDS, HUBER_DELTA, column, arch_key, arch_label, bootstrap_joint,
-                  budget_halves, budget_levels, by_arch, compare_phi, compute_frontier, equivalence, fit_chinchilla,
-                  fit_joint, frontier_points, residuals_by_r)
+from nanoloop.laws import (BOX_HI, BOX_LO, CONFIG_FIELDS, HUBER_DELTA, column, arch_key, arch_label, bootstrap_joint,
+                           budget_halves, budget_levels, by_arch, compare_phi, compute_frontier, equivalence,
+                           fit_chinchilla, fit_joint, frontier_points, residuals_by_r)
 
-import laws  # noqa: E402 (its file is part of a stored analysis' fingerprint)
-import truncate_law  # noqa: E402 (so is this one's)
+from nanoloop import laws  # noqa: E402 (its file is part of a stored analysis' fingerprint)
+from nanoloop import truncate_law  # noqa: E402 (so is this one's)
 
-import common  # noqa: E402
-from common import DataError, atomic_write, check_writable, fail, finite_float, one_line_errors, positive_int
-from eval_tasks import CATEGORIES, category_losses, read_categories
-from common import positive_int_list, read_rows
-from fit_plots import make_plots, make_truncate_plots
+from nanoloop import common  # noqa: E402
+from nanoloop.common import DataError, atomic_write, check_writable, fail, finite_float, one_line_errors, positive_int
+from nanoloop.eval_tasks import CATEGORIES, category_losses, read_categories
+from nanoloop.common import positive_int_list, read_rows
+from nanoloop.plots import make_plots, make_truncate_plots
 
 PROG = "fit_laws.py"
 LAWS = ("iso-depth", "truncate-or-not")  # --law: the iso-depth joint law (laws.py), Truncate or Not?'s (truncate_law.py)

@@ -27,7 +27,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from common import count, fail, finite_float, one_line_errors, positive_float, positive_int
+from nanoloop.common import count, fail, finite_float, one_line_errors, positive_float, positive_int
 
 # The injection modes (paper §3.1, §5.2): what model.py builds, what flops.py counts, what the tests cover.
 INJECTIONS = ("linear", "additive", "passthrough", "hyper", "gated")
@@ -365,7 +365,7 @@ def budget_args(parser):
 
 
 # ----------------------------------------------------------------------------------------------
-# The command line: the table or JSON of one configuration; --plan forwards to sweep_state.py's pricer
+# The command line: the table or JSON of one configuration; --plan forwards to nanoloop/sweep_state.py's pricer
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -382,12 +382,15 @@ def main():
     plan.add_argument("--flops-per-s", type=positive_float, default=None, help="FLOP/s per run slot for the estimate")
     args = parser.parse_args()
     try:
-        if args.plan:  # the pricer reads the prepared data, so it lives with the sweep (sweep_state.py): this
-            # process becomes that one, which keeps flops.py pure and importing nothing but common.py
+        if args.plan:  # the pricer reads the prepared data, so it lives with the sweep (nanoloop/sweep_state.py):
+            # this process becomes that one, which keeps flops.py pure and importing nothing but common.py
             plan_args = ["--plan", "--data", args.data, "--results", args.results]
             if args.flops_per_s:
                 plan_args += ["--flops-per-s", repr(args.flops_per_s)]
-            os.execv(sys.executable, [sys.executable, str(Path(__file__).with_name("sweep_state.py")), *plan_args])
+            # -m finds the package from any working folder once the repository is on the path
+            paths = [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
+            env = os.environ | {"PYTHONPATH": os.pathsep.join(path for path in paths if path)}
+            os.execve(sys.executable, [sys.executable, "-m", "nanoloop.sweep_state", *plan_args], env)
         cfg = config_from_args(args)
     except ValueError as e:
         fail("flops.py", str(e))

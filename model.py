@@ -29,9 +29,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import cpu_attention
+from nanoloop import cpu_attention
 from flops import ModelConfig
-from fused_loss import LinearSoftcapCrossEntropy
+from nanoloop.fused_loss import LinearSoftcapCrossEntropy
 from muonh import GROUP_NAMES
 
 LOGIT_SOFTCAP = 15.0  # nanochat's: logits stay in (-15, 15), computed in fp32

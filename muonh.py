@@ -21,7 +21,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from common import finite_float, positive_int
+from nanoloop.common import finite_float, positive_int
 
 # ---------------------------------------------------------------------------------------------
 # Constants of the recipe (paper §4.1, App. E)

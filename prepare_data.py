@@ -41,9 +41,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common import DataError, atomic_write, fail, in_range, json_lines, one_line_errors
-from download import download_file
-from dataloader import BOS_TOKEN, EXTRA_TOKEN, FORMAT, MAX_VOCAB, SPLIT_PATTERN, Tokenizer, sha256_file
+from nanoloop.common import DataError, atomic_write, fail, in_range, json_lines, one_line_errors
+from nanoloop.download import download_file
+from nanoloop.dataloader import BOS_TOKEN, EXTRA_TOKEN, FORMAT, MAX_VOCAB, SPLIT_PATTERN, Tokenizer, sha256_file
 
 BASE_URL = "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main"
 N_SHARDS = 1823  # shard_00000.parquet .. shard_01822.parquet, documents pre-shuffled

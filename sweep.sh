@@ -407,7 +407,7 @@ run_fit() {  # fit_laws.py over the results into $OUT/fit (report.txt, fit.json,
 
 # ---------------------------------------------------------------------------------------------
 # Status (--status): one table of every planned run from the results, run folders, logs and squeue.
-# sweep_state.py holds the logic: it gives each plan line train.py's run identity, as train.py does.
+# nanoloop/sweep_state.py holds the logic: it gives each plan line train.py's run identity, as train.py does.
 status_main() {
   if [ ! -s "$RESULTS" ] && [ ! -f "$OUT/slurm/jobs.txt" ] && ! compgen -G "$OUT/runs/*" > /dev/null &&
      ! compgen -G "$OUT/logs/*.log" > /dev/null; then
@@ -419,7 +419,7 @@ status_main() {
     echo "sweep.sh: --status needs $DATA/meta.json: a run's identity depends on its data (set DATA)" >&2
     exit 2
   fi
-  plan_with_extra | "$PYTHON" sweep_state.py --status --data "$DATA" --out "$OUT"
+  plan_with_extra | "$PYTHON" -m nanoloop.sweep_state --status --data "$DATA" --out "$OUT"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -463,7 +463,7 @@ slurm_submit() {
   fi
   # Which runs are not done (train.py's run identity against the results), nor queued or running now.
   local ranks=$(( NODES_PER_RUN * (GPUS_PER_RUN > 0 ? GPUS_PER_RUN : 1) )) todo
-  todo=$(plan_with_extra | "$PYTHON" sweep_state.py --todo --data "$DATA" --out "$OUT" --device "$device" --world "$ranks") || exit 2
+  todo=$(plan_with_extra | "$PYTHON" -m nanoloop.sweep_state --todo --data "$DATA" --out "$OUT" --device "$device" --world "$ranks") || exit 2
   local tasks="$OUT/slurm/tasks-$(date -u +%Y%m%dT%H%M%SZ)-$$.txt" line n=0
   for line in "${LINES[@]}"; do
     if grep -qxF "${line%%|*}" <<< "$todo"; then
@@ -600,7 +600,7 @@ slurm_fit() {  # the fit job, once every task of the array has ended: the fit, t
     run_fit || fit_status=1
   fi
   mkdir -p "$OUT/fit"
-  plan_with_extra | "$PYTHON" sweep_state.py --missing --data "$DATA" --out "$OUT" | tee "$OUT/fit/missing.txt"
+  plan_with_extra | "$PYTHON" -m nanoloop.sweep_state --missing --data "$DATA" --out "$OUT" | tee "$OUT/fit/missing.txt"
   exit "$fit_status"
 }
 

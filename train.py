@@ -29,17 +29,18 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import common
+from nanoloop import common
 import flops
-import tracking
-from common import DataError, append_row, atomic_write
-from dataloader import RowLoader, load_tokenizer, read_meta
-from engine import print_samples
+from nanoloop import tracking
+from nanoloop.common import DataError, append_row, atomic_write
+from nanoloop.dataloader import RowLoader, load_tokenizer, read_meta
+from nanoloop.engine import print_samples
 from model import GPT
 from muonh import build_optimizers
-from recipe import DEFAULT_TOKENS_PER_PARAM, lr_multiplier
-from runs import (Run, compile_or_eager, cpu_threads, eager_blocks, finished_row, load_run_model, open_outputs, plan_run,
-                  restore_checkpoint, results_row, run_identity, save_checkpoint, settle, train_parser)
+from nanoloop.recipe import DEFAULT_TOKENS_PER_PARAM, lr_multiplier
+from nanoloop.runs import (Run, compile_or_eager, cpu_threads, eager_blocks, finished_row, load_run_model, open_outputs,
+                           plan_run, restore_checkpoint, results_row, run_identity, save_checkpoint, settle,
+                           train_parser)
 
 # SIGTERM/SIGINT (preemption, timeout, Ctrl-C) set this event (stop_requested). One process stops at its next
 # micro-batch, dropping a step that gradient accumulation can make minutes long. Under torchrun the ranks agree

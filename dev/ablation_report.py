@@ -26,9 +26,9 @@ from diagnose_report import load as read_rows  # dev/'s one JSONL reader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import flops  # noqa: E402
-from common import DataError, fail, one_line_errors, positive_int  # noqa: E402
-from laws import ci_bounds_reached, estimate_text, is_untied  # noqa: E402 (the one way a CI is printed)
-from sweep_state import duration, parse_flags  # noqa: E402
+from nanoloop.common import DataError, fail, one_line_errors, positive_int  # noqa: E402
+from nanoloop.laws import ci_bounds_reached, estimate_text, is_untied  # noqa: E402 (the one way a CI is printed)
+from nanoloop.sweep_state import duration, parse_flags  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASE, LAYOUT, EVAL = RESULTS / "cpu-micro", RESULTS / "cpu-micro-layout", RESULTS / "cpu-micro-eval"
@@ -252,7 +252,7 @@ def r1_flags(lines, flags):
     r = 1 anchors stay the base's own runs. `lines`: the grid's `sweep.sh --print` lines, with or without the
     flags. DataError, before anything trains, for --help, a flag train.py refuses, a flag that sets what the grid
     sets, or flags that a run refuses."""
-    from runs import train_parser  # torch and model.py: seconds, so only in the modes that need it
+    from nanoloop.runs import train_parser  # torch and model.py: seconds, so only in the modes that need it
     if any(asks_for_help(token) for token in flags):
         raise DataError("--help among the train.py flags would print train.py's help in every run instead of "
                         "training it: see python train.py --help, and pass only the flags that make the variant")
@@ -282,7 +282,7 @@ def settled(args, run_id):
     """(what train.py will do with this run, where), decided as runs.settle decides it, without writing anything:
     ("done", its folder in OUT), ("reuse", the finished folder of the same run_id it copies), ("resume", the
     checkpoint), ("train", ""), or ("refused", why): a folder that holds another run."""
-    from runs import read_final
+    from nanoloop.runs import read_final
     out = Path(args.out)
     final = read_final(out / "final.json")
     if final and final.get("run_id") != run_id:
@@ -347,8 +347,8 @@ def plan_table(lines, flags, slots):
     """--plan's lines: every run of the arm (its `sweep.sh --print` line) with the flags the ablation gives it, what
     train.py will do with it (reuse which committed run of the same run_id, or train it) and, for a run to train,
     a time at the committed rows' speed; the totals last. DataError for bad flags or missing data."""
-    from runs import train_parser
-    from sweep_state import plan_runs
+    from nanoloop.runs import train_parser
+    from nanoloop.sweep_state import plan_runs
     kept, left_out = r1_flags(lines, flags)
     runs = [printed_args(line) for line in lines if line.strip()]
     parser = train_parser()

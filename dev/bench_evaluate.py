@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import eval_tasks  # noqa: E402
+from nanoloop import eval_tasks  # noqa: E402
 import evaluate  # noqa: E402
 from flops import ModelConfig  # noqa: E402
 from model import GPT  # noqa: E402

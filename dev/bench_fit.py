@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fit_laws as fl  # noqa: E402  (first: it puts scipy's BLAS on one thread, for both sides)
-import laws  # noqa: E402
+from nanoloop import laws  # noqa: E402
 import numpy as np  # noqa: E402
 from epoch_chinchilla import EPOCH_CSV, epoch_rows  # noqa: E402
 from scipy.optimize import minimize  # noqa: E402

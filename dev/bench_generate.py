@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from flops import ModelConfig  # noqa: E402
-from engine import KVCache, cached_forward, generate  # noqa: E402
+from nanoloop.engine import KVCache, cached_forward, generate  # noqa: E402
 from model import GPT  # noqa: E402
 
 

@@ -39,7 +39,7 @@ def worker(args):
     """Time args.steps training steps of one arm at one shape in this process; print them as JSON."""
     sys.path.insert(0, str(REPO))
     if args.worker != "old":
-        import common
+        from nanoloop import common
         common.keep_freed_memory()
     import importlib.util
 
@@ -59,7 +59,7 @@ def worker(args):
     optimizers = [opt for opt in build_optimizers(model.param_groups(), lrs, compute_dtype=torch.float32) if opt]
     step_model, compile_s = model, None
     if args.worker == "compiled":
-        from runs import compile_or_eager
+        from nanoloop.runs import compile_or_eager
         step_model, compile_s = compile_or_eager(model, 16, 128)
     batch = torch.randint(0, 2048, (2, 16, 128), generator=torch.Generator().manual_seed(1))
     step_seconds, losses = [], []
@@ -138,8 +138,8 @@ def compare_attention(args):
     sys.path.insert(0, str(REPO))
     import torch
 
-    import common
-    import cpu_attention
+    from nanoloop import common
+    from nanoloop import cpu_attention
     from model import causal_attention
     common.keep_freed_memory()  # as train.py on CPU, for both kernels
     if not cpu_attention.available():

@@ -65,7 +65,7 @@ from torch.nn.attention import SDPBackend
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import flops  # noqa: E402
-from common import atomic_write  # noqa: E402 (pure Python: the GPU box needs torch alone)
+from nanoloop.common import atomic_write  # noqa: E402 (pure Python: the GPU box needs torch alone)
 from model import GPT, attention_backend  # noqa: E402
 from muonh import REF_BATCH_TOKENS, build_optimizers, learning_rates  # noqa: E402
 

@@ -22,10 +22,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import runs  # noqa: E402
-from common import DataError, fail, positive_int, positive_int_list  # noqa: E402
-from dataloader import RowLoader  # noqa: E402
-from engine import adaptive_forward  # noqa: E402
+from nanoloop import runs  # noqa: E402
+from nanoloop.common import DataError, fail, positive_int, positive_int_list  # noqa: E402
+from nanoloop.dataloader import RowLoader  # noqa: E402
+from nanoloop.engine import adaptive_forward  # noqa: E402
 from model import EXIT_CRITERIA, ExitRule  # noqa: E402
 
 PROG = "loop_curves.py"

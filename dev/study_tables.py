@@ -22,8 +22,8 @@ import ablation_report
 from diagnose_report import load  # dev/'s one JSONL reader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from eval_tasks import category_losses, read_categories  # noqa: E402
-from laws import ci_bounds_reached, estimate_text  # noqa: E402
+from nanoloop.eval_tasks import category_losses, read_categories  # noqa: E402
+from nanoloop.laws import ci_bounds_reached, estimate_text  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # grid folder, label, the paper's phi for it (iso-depth §4.2 and §5)

@@ -19,10 +19,11 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE_FILES = ("model.py", "train.py", "fit_laws.py", "laws.py", "prepare_data.py", "flops.py", "muonh.py",
-              "evaluate.py", "eval_tasks.py", "runs.py", "dataloader.py", "common.py", "tracking.py", "curves.py",
-              "sweep_state.py", "download.py", "fused_loss.py", "recipe.py", "truncate_law.py", "allocation.py",
-              "allocate.py", "fit_plots.py", "engine.py", "export_hf.py")
+CORE_FILES = ("model.py", "train.py", "fit_laws.py", "prepare_data.py", "flops.py", "muonh.py", "evaluate.py",
+              "allocate.py", "export_hf.py", "nanoloop/laws.py", "nanoloop/eval_tasks.py", "nanoloop/runs.py",
+              "nanoloop/dataloader.py", "nanoloop/common.py", "nanoloop/tracking.py", "nanoloop/plots.py",
+              "nanoloop/sweep_state.py", "nanoloop/download.py", "nanoloop/fused_loss.py", "nanoloop/recipe.py",
+              "nanoloop/truncate_law.py", "nanoloop/allocation.py", "nanoloop/engine.py")
 MAX_FUNCTION_LINES = 60
 MANY_PARAMETERS = 7  # nanoGPT's and nanochat's model and training code have no function with this many
 COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)

@@ -25,9 +25,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import flops  # noqa: E402
-import laws  # noqa: E402
-import recipe  # noqa: E402
-import truncate_law  # noqa: E402
+from nanoloop import laws  # noqa: E402
+from nanoloop import recipe  # noqa: E402
+from nanoloop import truncate_law  # noqa: E402
 
 # Chinchilla-like amplitudes and exponents (Epoch's refit of Hoffmann et al. is E 1.82, A 478,
 # alpha 0.35, B 2143, beta 0.37) and the paper's phi.

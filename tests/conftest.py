@@ -50,7 +50,7 @@ def smoke_sweep(sample_data, tmp_path_factory):
 def meta_only_dataset(folder, **meta):
     """A dataset folder that passes dataloader.read_meta(verify=False) with no token rows (empty .bin files):
     for what reads only meta.json (flops.py's pricing, sweep.sh). `meta` sets vocab_size, train_tokens, ..."""
-    import dataloader
+    from nanoloop import dataloader
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     full = {"format": dataloader.FORMAT, "tokenizer_kind": "bpe", "tokenizer_file": "tokenizer.tiktoken",

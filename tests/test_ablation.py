@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from common import DataError
+from nanoloop.common import DataError
 from conftest import meta_only_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

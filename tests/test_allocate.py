@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import allocation
+from nanoloop import allocation
 import flops
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """
-The training-curves figure (curves.py, written by fit_laws.py --plots): each run's curve is read from its
+The training-curves figure (nanoloop/plots.py, written by fit_laws.py --plots): each run's curve is read from its
 own log.jsonl, or from its sweep log's progress lines (following "reused:" to the grid that trained it),
 never from another run's; the figure has a column per budget, a colour per architecture, a line style per
 width, the validation loss at each run's end, and says where its curves came from.
@@ -15,10 +15,10 @@ import pytest
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-import curves  # noqa: E402
+from nanoloop import plots  # noqa: E402
 import fit_laws  # noqa: E402
 import train  # noqa: E402
-import tracking  # noqa: E402
+from nanoloop import tracking  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = {"cpu-micro": 56, "cpu-micro-trunc": 62, "cpu-micro-hyper": 59, "cpu-micro-layout": 56,
@@ -38,7 +38,7 @@ def test_the_sweep_log_parser_reads_what_train_py_prints(sample_data, tmp_path, 
     log = tmp_path / "sweep.log"
     log.write_text(f"[2026-01-01T00:00:00Z] python3 train.py ...\n{printed}"
                    f"[2026-01-01T00:01:00Z] python3 train.py ...\n{other}")  # a later run of another identity
-    steps, final, donor = curves.parse_sweep_log(log, row)
+    steps, final, donor = plots.parse_sweep_log(log, row)
     logged = {rec["step"]: rec["loss"] for rec in map(json.loads, (out / "log.jsonl").read_text().splitlines())}
     assert sorted(steps) == sorted(logged) == [1, 3, 6, 9, 10] and donor is None
     assert all(steps[k] == float(f"{logged[k]:.4f}") for k in logged)
@@ -95,23 +95,23 @@ def tiny_grid(tmp_path):
 
 def test_each_run_gets_its_own_curve_from_its_folder_its_sweep_log_or_the_grid_it_was_reused_from(tmp_path):
     results, rows, want = tiny_grid(tmp_path)
-    found, notes = curves.grid_curves(rows, results)
+    found, notes = plots.grid_curves(rows, results)
     got = {row["run"]: steps for row, steps, _ in found}
     assert set(got) == set(want) and len(got) == 7
     for name, losses in want.items():
         assert got[name] == pytest.approx(losses, abs=5e-5)  # a sweep log keeps 4 decimals
     sources = {row["run"]: source for row, _, source in found}
-    assert list(sources.values()).count(curves.LOG_JSONL) == 2
-    assert sources["r1_d16_C1e+12"] == curves.LOG_JSONL and sources["r1_d8_C1e+12"] == curves.SWEEP_LOG
-    assert sources["r4_d16_C1e+12"] == curves.SWEEP_LOG  # read from base's log, through "reused:"
+    assert list(sources.values()).count(plots.LOG_JSONL) == 2
+    assert sources["r1_d16_C1e+12"] == plots.LOG_JSONL and sources["r1_d8_C1e+12"] == plots.SWEEP_LOG
+    assert sources["r4_d16_C1e+12"] == plots.SWEEP_LOG  # read from base's log, through "reused:"
     assert notes == [f"no training curve for 1 of 8 runs (no log.jsonl of theirs, no sweep log of theirs in "
                      f"{results.parent / 'logs'}): r4_d16_C4e+12"]
 
 
 def test_the_figure_has_a_column_per_budget_and_a_legend_for_every_mark(tmp_path):
     results, rows, want = tiny_grid(tmp_path)
-    found, _ = curves.grid_curves(rows, results)
-    fig = curves.plot_curves(plt, found, "tiny", len(rows))
+    found, _ = plots.grid_curves(rows, results)
+    fig = plots.plot_curves(plt, found, "tiny", len(rows))
     axes = fig.axes
     assert len(axes) == 4  # tokens and FLOPs rows, two budgets
     assert [ax.get_title() for ax in axes[:2]] == ["C = 1e+12 FLOPs", "C = 4e+12 FLOPs"]
@@ -146,11 +146,11 @@ def test_every_committed_grid_with_its_sweep_logs_has_a_curve_for_every_run(grid
     there, checked by run name, run_id and final val loss. cpu-micro-eval (no logs) has none."""
     results = REPO / "dev" / "results" / grid / "results.jsonl"
     rows = fit_laws.prepare_rows(fit_laws.drop_unusable(fit_laws.load_results(results))[0])
-    found, notes = curves.grid_curves(rows, results)
+    found, notes = plots.grid_curves(rows, results)
     assert len(rows) == len(found) == n_runs and notes == []
-    assert {source for _, _, source in found} == {curves.SWEEP_LOG}
+    assert {source for _, _, source in found} == {plots.SWEEP_LOG}
     eval_results = REPO / "dev" / "results" / "cpu-micro-eval" / "results.jsonl"
-    assert curves.grid_curves(fit_laws.load_results(eval_results), eval_results)[0] == []
+    assert plots.grid_curves(fit_laws.load_results(eval_results), eval_results)[0] == []
 
 
 @pytest.mark.slow

@@ -25,14 +25,14 @@ import pytest
 import torch
 import torch.nn as nn
 
-import eval_tasks
+from nanoloop import eval_tasks
 import evaluate
-import dataloader
-import download
-import runs
-from eval_tasks import category_losses
+from nanoloop import dataloader
+from nanoloop import download
+from nanoloop import runs
+from nanoloop.eval_tasks import category_losses
 from flops import ModelConfig
-from engine import sample_texts
+from nanoloop.engine import sample_texts
 from model import GPT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -952,7 +952,7 @@ def test_a_results_file_holds_one_scoring_and_each_shot_count_its_own_rows(run_d
 # Sampling from a finished run (engine.generate itself is tested in test_generate.py)
 
 def test_sample_texts_sends_token_lists_and_stops_at_bos(tokenizer, monkeypatch):
-    import engine
+    from nanoloop import engine
     calls = []
 
     def generate(model, prompts, max_new_tokens, **kwargs):
@@ -971,7 +971,7 @@ def test_sample_texts_sends_token_lists_and_stops_at_bos(tokenizer, monkeypatch)
 
 
 def test_prompt_flag_prints_samples_of_the_run(run_dir, tokenizer, capsys, monkeypatch):
-    import engine
+    from nanoloop import engine
 
     def fake_generate(model, prompts, max_new_tokens, **kwargs):
         assert isinstance(model, GPT) and model.lm_head.weight.device.type == "cpu"

@@ -14,13 +14,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import cpu_attention
-import dataloader
-import engine
+from nanoloop import cpu_attention
+from nanoloop import dataloader
+from nanoloop import engine
 import evaluate
 import export_hf
 import prepare_data
-import runs
+from nanoloop import runs
 import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,13 +84,14 @@ def hf_tokenizer(folder, **kwargs):
 
 def test_the_remote_code_is_model_py_and_its_imports_with_relative_imports_only(exported):
     copied = sorted(path.stem for path in exported.glob("*.py"))
-    assert copied == sorted([*export_hf.library_modules(), export_hf.WRAPPER])
+    assert copied == sorted([*map(export_hf.export_name, export_hf.library_modules()), export_hf.WRAPPER])
     # Every project module model.py imports travels with it (computed, not listed).
-    model_imports = {name for node in export_hf.project_imports((REPO / "model.py").read_text())
+    model_imports = {export_hf.export_name(name) for node in export_hf.project_imports((REPO / "model.py").read_text())
                      for name in export_hf.imported_modules(node)}
     assert model_imports <= set(copied) and {"model", "flops", "engine"} <= set(copied)
     for name in export_hf.library_modules():
-        ours, theirs = (REPO / f"{name}.py").read_text(), (exported / f"{name}.py").read_text()
+        ours = export_hf.module_file(name).read_text()
+        theirs = (exported / f"{export_hf.export_name(name)}.py").read_text()
         changed = [b for a, b in zip(ours.splitlines(), theirs.splitlines()) if a != b]
         assert len(ours.splitlines()) == len(theirs.splitlines()), name
         # Only the imports differ (package-relative now).

@@ -25,7 +25,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "dev")]
 
 import epoch_chinchilla  # noqa: E402
 import fit_laws as fl  # noqa: E402
-import laws  # noqa: E402
+from nanoloop import laws  # noqa: E402
 import flops  # noqa: E402
 import synthetic_sweep as ss  # noqa: E402
 
@@ -490,20 +490,20 @@ def test_plots_are_readable_at_a_glance():
     level, budgets = fl.budget_levels([row["flops_budget"] for row in rows])
     colours = [plt.get_cmap("viridis")(j / (len(budgets) - 1)) for j in range(len(budgets))]
     title = fl.plot_title(CPU_MICRO)
-    import fit_plots
+    from nanoloop import plots
     assert title == "cpu-micro-v2-flat"
     losses = [row["val_loss"] for row in rows]
-    by_budget = fit_plots.BudgetColours(level, budgets, colours)
-    iso = fit_plots.plot_isoflop(plt, res, rows, by_budget, title)
+    by_budget = plots.BudgetColours(level, budgets, colours)
+    iso = plots.plot_isoflop(plt, res, rows, by_budget, title)
     low, high = iso.axes[0].get_ylim()
     assert min(losses) - 0.2 < low <= min(losses) and max(losses) <= high < max(losses) + 0.2
     labels = [t.get_text() for t in iso.legends[0].get_texts()]
     assert [f"C = {C:.3g} FLOPs" for C in budgets] == labels[:len(budgets)]
     assert any("compute-optimal" in label for label in labels) and title in iso._suptitle.get_text()
-    pva = fit_plots.plot_pred_vs_actual(plt, res, rows, by_budget, title)
+    pva = plots.plot_pred_vs_actual(plt, res, rows, by_budget, title)
     labels = [t.get_text() for t in pva.axes[0].get_legend().get_texts()]
     assert set(labels) >= {fl.arch_label(k) for k in fl.by_arch(rows)} | {f"C = {C:.3g}" for C in budgets}
-    front = fit_plots.plot_frontier(plt, res, budgets, title)
+    front = plots.plot_frontier(plt, res, budgets, title)
     for ax in front.axes:
         assert [t.get_text() for t in ax.get_xticklabels()] == [f"{C:.2g}" for C in budgets]
         assert not any(t.get_text() for t in ax.get_xminorticklabels())
@@ -516,7 +516,8 @@ def test_plots_are_readable_at_a_glance():
 FIT_SCRIPT = """
 import sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/dev"]
-import common, laws, synthetic_sweep
+import synthetic_sweep
+from nanoloop import common, laws
 common.exit_on_stop_signals("fit", "nothing is written")
 rows = synthetic_sweep.synthetic_rows(seed=0)
 fit = laws.fit_joint(rows, restarts=20, seed=0, workers=2)

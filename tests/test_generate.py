@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from flops import INJECTIONS, ModelConfig
-from engine import KVCache, cached_forward, generate
+from nanoloop.engine import KVCache, cached_forward, generate
 from model import GPT
 
 VOCAB, SEQ_LEN = 64, 32
@@ -191,7 +191,7 @@ def test_cache_on_gpu_matches_the_forward_in_fp32_and_runs_under_bf16_autocast()
 
 def adaptive_teacher_forced(model, idx, n_prompt, rule):
     """Prefill idx[:, :n_prompt], then one token per call through the adaptive cache: (logits, loops)."""
-    from engine import adaptive_cache
+    from nanoloop.engine import adaptive_cache
     cache = adaptive_cache(model, rule, [n_prompt] * idx.size(0), idx.size(1))
     logits, loops = [], []
     with torch.no_grad():
@@ -205,7 +205,7 @@ def adaptive_teacher_forced(model, idx, n_prompt, rule):
 def test_a_threshold_of_0_is_the_fixed_r_model(criterion):
     """No token settles below 0: every token runs the trained r loops, with the fixed model's logits and loss (the
     probes of the KL criterion read the state and change nothing), and greedy generation is the fixed model's."""
-    from engine import adaptive_forward
+    from nanoloop.engine import adaptive_forward
     from model import ExitRule
     model = make(r=4, injection="linear")
     idx = torch.randint(0, VOCAB, (2, SEQ_LEN), generator=torch.Generator().manual_seed(3))
@@ -222,7 +222,7 @@ def test_a_threshold_of_0_is_the_fixed_r_model(criterion):
 def varied_rule(model, idx, criterion):
     """The exit rule (min 2 loops) at the largest threshold of a log grid whose tokens exit at >= 3 loop counts (the
     largest: criteria far above float32's rounding, so that no token sits on the threshold by chance)."""
-    from engine import adaptive_forward
+    from nanoloop.engine import adaptive_forward
     from model import ExitRule
     for threshold in torch.logspace(1, -6, 36).tolist():
         rule = ExitRule(criterion, threshold, min_loops=2)
@@ -239,7 +239,7 @@ def test_the_adaptive_cache_is_exact_against_recomputing_everything(criterion, i
     entry for that layer); the cache stores exactly that. So decoding token by token through the cache gives the
     logits and loop counts of the whole sequence recomputed in one forward at every position, and cached greedy
     generation gives the tokens of recomputing the whole context every step."""
-    from engine import adaptive_forward
+    from nanoloop.engine import adaptive_forward
     model = make(r=8, injection=injection)
     idx = torch.randint(0, VOCAB, (2, SEQ_LEN), generator=torch.Generator().manual_seed(6))
     rule = varied_rule(model, idx, criterion)
@@ -256,7 +256,7 @@ def test_the_adaptive_cache_is_exact_against_recomputing_everything(criterion, i
 def test_an_exited_token_keeps_its_state_and_hands_later_tokens_its_last_keys():
     """The first token attends only to itself, so after exiting at loop k its logits are the fixed model's at r = k;
     every later loop's slot of each of its layers holds its loop-k keys and values."""
-    from engine import adaptive_cache, adaptive_forward
+    from nanoloop.engine import adaptive_cache, adaptive_forward
     model = make(r=8, injection="linear")
     idx = torch.randint(0, VOCAB, (2, SEQ_LEN), generator=torch.Generator().manual_seed(10))
     rule = varied_rule(model, idx, "latent")
@@ -278,7 +278,7 @@ def test_an_exited_token_keeps_its_state_and_hands_later_tokens_its_last_keys():
 
 
 def test_a_higher_threshold_spends_fewer_loops_within_the_bounds():
-    from engine import adaptive_forward
+    from nanoloop.engine import adaptive_forward
     from model import ExitRule
     model = make(r=8, injection="linear")
     idx = torch.randint(0, VOCAB, (2, SEQ_LEN), generator=torch.Generator().manual_seed(9))
@@ -295,7 +295,7 @@ def test_an_exit_rule_that_means_nothing_is_refused(bad):
     from model import ExitRule
     with pytest.raises(ValueError, match="exit rule"):
         ExitRule(**bad)
-    from engine import adaptive_forward
+    from nanoloop.engine import adaptive_forward
     with pytest.raises(ValueError, match="state injection"):
         adaptive_forward(make(r=4, injection="hyper"), torch.zeros(1, 4, dtype=torch.long), ExitRule())
 

@@ -13,7 +13,7 @@ from flops import INJECTIONS, ModelConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 from bench_model import activation_bytes  # noqa: E402 (dev/: the memory truncated BPTT saves, as measured there)
-from engine import generate  # noqa: E402
+from nanoloop.engine import generate  # noqa: E402
 from model import (GPT, apply_rope, attention_backend, causal_attention, embedding_dtype,  # noqa: E402
                    rope_tables)
 
@@ -529,7 +529,7 @@ def test_cpu_kernel_result_does_not_depend_on_the_thread_count():
 def test_cpu_kernel_refuses_what_it_cannot_read():
     """The kernel reads raw fp32 memory, so any other dtype is refused, never reinterpreted; model.py sends
     bf16 (CPU autocast) to SDPA instead."""
-    import cpu_attention
+    from nanoloop import cpu_attention
     q = torch.randn(1, 4, 2, 8)
     with pytest.raises(ValueError, match="fp32 CPU tensors"):
         cpu_attention.causal_attention(q.bfloat16(), q.bfloat16(), q.bfloat16())
@@ -541,7 +541,7 @@ def test_cpu_kernel_refuses_what_it_cannot_read():
 
 def test_without_a_c_compiler_cpu_attention_falls_back_to_sdpa(tmp_path, monkeypatch, capsys):
     """No C compiler (CC fails, an empty kernel cache): one line on stderr, and the CPU backend is SDPA."""
-    import cpu_attention
+    from nanoloop import cpu_attention
     monkeypatch.setattr(cpu_attention, "_library", None)  # not built yet in this process
     monkeypatch.setenv("NANOLOOP_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "false")

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from muonh import (ADAMW_BETAS, ADAMW_EPS, BASE_LRS, POLAR_EXPRESS_COEFFICIENTS, QUINTIC_COEFFICIENTS,
                    REF_BATCH_TOKENS, REF_WIDTH, MuonH, build_optimizers, learning_rates, orthogonalise,
                    polar_express_coefficients)
-from recipe import lr_multiplier
+from nanoloop.recipe import lr_multiplier
 
 D_REF_LOOPED = 1_016_083_200   # flops.reference_horizon(looped=True)
 D_REF_PLAIN = 983_315_200      # flops.reference_horizon(looped=False)

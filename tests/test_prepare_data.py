@@ -24,9 +24,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "fineweb-edu-sample"
 sys.path.insert(0, str(REPO))
-import common  # noqa: E402
-import dataloader  # noqa: E402
-import download  # noqa: E402
+from nanoloop import common  # noqa: E402
+from nanoloop import dataloader  # noqa: E402
+from nanoloop import download  # noqa: E402
 import prepare_data as pdata  # noqa: E402
 
 def sha(path):

@@ -9,9 +9,9 @@ import math
 import pytest
 
 import flops
-import recipe
+from nanoloop import recipe
 import train
-from recipe import RECIPES, ladder_batch, ladder_steps, lr_multiplier
+from nanoloop.recipe import RECIPES, ladder_batch, ladder_steps, lr_multiplier
 
 TRUNCATE = RECIPES["truncate-or-not"]
 D0 = 2 ** 30
@@ -116,8 +116,8 @@ def test_iso_depth_runs_keep_their_identity(sample_data, tmp_path):
     plain = train.parse_args(tiny_args(sample_data, "--tokens", "2048", "--batch-tokens", "512"))
     named = train.parse_args(tiny_args(sample_data, "--tokens", "2048", "--batch-tokens", "512", "--recipe",
                                        "iso-depth"))
-    import dataloader
-    import runs
+    from nanoloop import dataloader
+    from nanoloop import runs
     meta = dataloader.read_meta(sample_data)
     ids = [runs.run_identity(args, meta, runs.plan_run(args, meta, 1)) for args in (plain, named)]
     assert ids[0][1] == ids[1][1] and "schedule" not in ids[0][0]

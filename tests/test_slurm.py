@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-import sweep_state
+from nanoloop import sweep_state
 from conftest import REPO, sweep
 from slurm_cluster import Cluster, job_steps
 from test_sweep import plan_rows

@@ -213,7 +213,7 @@ def test_committed_phi_cis_are_95_percent_intervals(path):
 def identities_from_sweep_flags(grid):
     """{run name: (committed row, run_id recomputed from the flags sweep.sh --print gives that run today)}.
     The data's half of the identity comes from the committed row (its checksums name the in-repo corpus)."""
-    import runs
+    from nanoloop import runs
     import train
     rows = {Path(row["out"]).name: row for row in read_jsonl(ROOT / "dev" / "results" / grid / "results.jsonl")}
     printed = subprocess.run(["bash", str(ROOT / "sweep.sh"), "--grid", grid, "--print"], capture_output=True,
@@ -241,7 +241,7 @@ def test_committed_run_ids_follow_from_todays_flags_even_after_adding_an_optimis
         assert run_id == row["run_id"], name
     import model
     import muonh
-    import runs
+    from nanoloop import runs
     learning_rates = runs.learning_rates
     monkeypatch.setattr(muonh, "GROUP_NAMES", muonh.GROUP_NAMES + ("extra",))
     monkeypatch.setattr(model, "GROUP_NAMES", muonh.GROUP_NAMES)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import eval_tasks
-import tracking
+from nanoloop import eval_tasks
+from nanoloop import tracking
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--scale", "1", "--head-dim", "16", "--depth", "6", "--prelude", "1", "--coda", "1", "--batch-tokens", "512",

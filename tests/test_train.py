@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 import torch
 
-import common
-import dataloader
+from nanoloop import common
+from nanoloop import dataloader
 import flops
 import muonh
-import recipe
-import runs
-import tracking
+from nanoloop import recipe
+from nanoloop import runs
+from nanoloop import tracking
 import train
 
 REPO = Path(__file__).resolve().parents[1]

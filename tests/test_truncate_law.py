@@ -14,7 +14,7 @@ import pytest
 
 import fit_laws
 import flops
-import truncate_law as tl
+from nanoloop import truncate_law as tl
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "dev"))

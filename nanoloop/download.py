@@ -13,7 +13,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from common import DataError
+from nanoloop.common import DataError
 
 RETRIES = 5         # per download, after urllib3's own retries of a failed request
 RETRY_BASE_S = 1.0  # backoff before retry k: RETRY_BASE_S * 2**(k-1); tests shrink it

@@ -15,7 +15,7 @@ import numpy as np
 import tiktoken
 import tiktoken.load
 
-from common import DataError, load_json
+from nanoloop.common import DataError, load_json
 
 FORMAT = "nanoloop-rows-v2"
 EXTRA_TOKEN = "<|assistant_end|>"  # the id after the SentencePiece pieces; never in pretraining text

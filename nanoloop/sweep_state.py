@@ -24,9 +24,9 @@ import sys
 from pathlib import Path
 
 import flops
-from common import DataError, fail, one_line_errors, positive_int, read_rows
-from dataloader import read_meta
-from recipe import add_horizon_args, add_recipe_args, plan_horizon, recipe_from_args
+from nanoloop.common import DataError, fail, one_line_errors, positive_int, read_rows
+from nanoloop.dataloader import read_meta
+from nanoloop.recipe import add_horizon_args, add_recipe_args, plan_horizon, recipe_from_args
 
 # train.py's dtype "auto" is bf16 on GPU and fp32 on CPU, and the dtype is part of a run's identity: a row
 # is this run's if it has the run_id of either device (--todo asks for the one its tasks will run on).
@@ -65,7 +65,7 @@ def plan_runs(lines, data_dir, devices=DEVICES, world=1):
     """PlannedRun of each "name|flags" line on the data in data_dir, for `world` ranks; a bad line is a
     DataError naming it (what train.py would refuse, said before anything is submitted)."""
     # runs.py brings torch and model.py (seconds to import): only the identities need them, not --plan's pricing
-    from runs import plan_run, run_identity, train_parser
+    from nanoloop.runs import plan_run, run_identity, train_parser
     meta = read_meta(data_dir, verify=False)
     parser = train_parser()
     planned = []

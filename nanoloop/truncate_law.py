@@ -19,7 +19,7 @@ together to the rows' D0: a CPU grid's D0 = 2^18 gives N0 = 58,594, so the rando
 """
 import math
 
-import laws  # noqa: F401 (first: it sets the BLAS threads before numpy loads, one per fitting process)
+from nanoloop import laws  # noqa: F401 (first: it sets the BLAS threads before numpy loads, one per fitting process)
 import numpy as np
 from scipy.interpolate import PchipInterpolator
 from scipy.optimize import least_squares

@@ -22,13 +22,14 @@ from pathlib import Path
 import torch
 
 import flops
-from common import (DataError, append_row, atomic_write, check_fields, count, load_json, positive_int,
-                    positive_int_list)
-from dataloader import RowLoader, data_identity, read_meta
-import tracking
+from nanoloop.common import (DataError, append_row, atomic_write, check_fields, count, load_json, positive_int,
+                             positive_int_list)
+from nanoloop.dataloader import RowLoader, data_identity, read_meta
+from nanoloop import tracking
 from model import GPT
 from muonh import GROUP_NAMES, RECIPE_GROUPS, add_lr_args, learning_rates, lr_settings
-from recipe import Horizon, Recipe, add_horizon_args, add_recipe_args, is_default_schedule, plan_horizon, recipe_from_args
+from nanoloop.recipe import (Horizon, Recipe, add_horizon_args, add_recipe_args, is_default_schedule, plan_horizon,
+                             recipe_from_args)
 
 # What a checkpoint records about the training loop besides weights, optimiser states and RNG.
 PROGRESS_KEYS = ("step", "train_row", "wall_s", "train_loss", "tokens_per_s", "high_loss_steps")

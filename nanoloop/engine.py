@@ -1,7 +1,7 @@
 """
 Inference for the looped model: a KV cache exact across recurrences, and sampling through it.
 
-    from engine import generate, sample_texts
+    from nanoloop.engine import generate, sample_texts
     new_tokens = generate(model, [[bos, 17, 42]], max_new_tokens=20, temperature=0)     # greedy
     texts = sample_texts(model, tokenizer, ["The capital of France is"], 48, 0.8, 50)
 

@@ -32,8 +32,8 @@ from pathlib import Path
 import pyarrow as pa
 import yaml
 
-from common import DataError, check_fields, json_lines
-from download import download_file
+from nanoloop.common import DataError, check_fields, json_lines
+from nanoloop.download import download_file
 
 CORE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"  # nanochat's copy of DCLM's
 # Every item's fields and their types (read_items checks each, common.check_fields); the options are lists of strings.
@@ -436,7 +436,7 @@ def render(task, index, shots, trim=False):
 # ----------------------------------------------------------------------------------------------
 # Categories: the paper's groups of tasks (App. I.1) and their loss
 
-CATEGORIES = Path(__file__).resolve().parent / "data" / "eval" / "categories.json"  # the paper's four, as data
+CATEGORIES = Path(__file__).resolve().parents[1] / "data" / "eval" / "categories.json"  # the paper's four, as data
 
 
 def read_categories(path):

@@ -9,7 +9,7 @@ exit 2 for bad input and 1 for a failed write (argparse's errors too, its value 
 so that its message says it); and a file is whole or absent (atomic_write, append_row), never half-written, so a
 crash, a full disk or a second writer cannot leave a row or a checkpoint that looks valid and is not.
 
-    from common import DataError, fail, one_line_errors, positive_int, atomic_write, append_row
+    from nanoloop.common import DataError, fail, one_line_errors, positive_int, atomic_write, append_row
 """
 import argparse
 import ctypes

@@ -19,7 +19,7 @@ into a cache folder and loaded with ctypes, which releases the GIL: the (batch, 
 torch.get_num_threads() Python threads, and the result does not depend on the split. With no working
 compiler, available() is False (one line on stderr) and model.py keeps PyTorch's kernel.
 
-    from cpu_attention import available, causal_attention
+    from nanoloop.cpu_attention import available, causal_attention
     y = causal_attention(q, k, v)   # (B, T, H, D) fp32 CPU tensors in, (B, T, H, D) out
 """
 import ctypes

@@ -13,14 +13,14 @@ numbers at every logged step, its summary the results row. evaluate.py adds one 
 loop count, eval/<task>/r<r>, to the run it evaluates. Only rank 0 logs. Without wandb installed --wandb is one
 line and exit 2 (wandb_project), and so is a run wandb cannot start (start_wandb), before the first step; nothing
 of this enters the run identity. How tests/test_tracking.py reads wandb's offline files back, and what it
-measured about them: dev/README.md, "tracking.py and curves.py".
+measured about them: dev/README.md, "tracking.py and the training curves".
 """
 import argparse
 import json
 import re
 from pathlib import Path
 
-from common import DataError
+from nanoloop.common import DataError
 
 # 12 hex digits are 48 bits: 10^4 runs in one project collide with probability ~2e-7. The same identity
 # trained again in another folder (another OUT) continues the same wandb run: give it another project.

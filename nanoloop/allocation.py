@@ -19,9 +19,9 @@ import math
 from scipy.optimize import brentq
 
 import flops
-import laws
-import truncate_law
-from truncate_law import chi, gain_of
+from nanoloop import laws
+from nanoloop import truncate_law
+from nanoloop.truncate_law import chi, gain_of
 
 # Truncate or Not? Table 2: the five sizes, "name": (d, prelude, recur, coda) at head dim 128, V = 32,064, T = 2,048.
 # sweep.sh's truncate-or-not grid trains these (tests/test_allocate.py checks that the two agree).

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, replace
 
 import flops
-from common import DataError, finite_float, positive_float, positive_int
+from nanoloop.common import DataError, finite_float, positive_float, positive_int
 
 
 @dataclass(frozen=True)
