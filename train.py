@@ -29,14 +29,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from nanoloop import common
 import flops
-from nanoloop import tracking
+from model import GPT
+from muonh import build_optimizers
+from nanoloop import common, tracking
+from nanoloop.averaging import weight_average
 from nanoloop.common import DataError, append_row, atomic_write
 from nanoloop.dataloader import RowLoader, load_tokenizer, read_meta
 from nanoloop.engine import print_samples
-from model import GPT
-from muonh import build_optimizers
 from nanoloop.recipe import DEFAULT_TOKENS_PER_PARAM, lr_multiplier
 from nanoloop.runs import (Run, compile_or_eager, cpu_threads, eager_blocks, finished_row, load_run_model, open_outputs,
                            plan_run, restore_checkpoint, results_row, run_identity, save_checkpoint, settle,
@@ -196,7 +196,8 @@ def setup(run):
     # Newton-Schulz in bf16 on GPU (tensor cores); on CPU fp32 matmuls are the fast ones.
     ns_dtype = torch.bfloat16 if run.device.type == "cuda" else torch.float32
     optimizers = build_optimizers(run.model.param_groups(), run.identity["lrs"], compute_dtype=ns_dtype)
-    run.optimizers = [opt for opt in optimizers if opt is not None]
+    run.average = weight_average(run.model.param_groups(), run.horizon.steps, run.recipe.average_frac)
+    run.optimizers = [opt for opt in [*optimizers, run.average] if opt is not None]  # the mean steps last
     run.progress = {"step": 0, "train_row": 0, "wall_s": 0.0, "train_loss": None, "tokens_per_s": None,
                     "high_loss_steps": 0}
     if args.resume and (run.out / "ckpt.pt").exists():
@@ -411,6 +412,8 @@ def finish(run):
     lost), then validation, the row (durable, under a lock) and only then final.json."""
     ckpt_error = None
     eager_blocks(run.model)  # validation and samples in eager blocks, as evaluate.py scores (CPU --compile)
+    if run.average is not None:  # --average-last: the mean weights are the run's, validated and kept
+        run.average.copy_to_model()
     try:
         if not checkpoint(run, time.time() - run.t_start):
             return diverged(run, "the weights are no longer finite")

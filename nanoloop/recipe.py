@@ -30,6 +30,7 @@ class Recipe:
     decay: str                   # "linear" or "cosine", from the peak to final_lr_frac of it at the last step
     d0: float                    # the token unit D0 the batch rule and the budget levels are counted in
     batch_at_d0: int | None      # sequences per step at D = D0 (the batch rule), None: --batch-tokens
+    average_frac: float = 0.0    # evaluate the mean weights of this last fraction of the steps (averaging.py); 0: off
 
 
 RECIPES = {
@@ -80,6 +81,9 @@ def add_recipe_args(parser):
                        help="the token unit D0 of the batch rule and the budget levels (truncate-or-not: 2^30)")
     group.add_argument("--batch-at-d0", type=positive_int, default=None,
                        help="sequences per step at D = D0 under the batch rule (truncate-or-not: 64)")
+    group.add_argument("--average-last", type=finite_float, default=None, metavar="FRAC",
+                       help="evaluate and keep the mean weights of the last FRAC of the steps instead of the last "
+                            "iterate (the CPU grids' quieter recipe; default 0: off)")
 
 
 def recipe_from_args(args):
@@ -87,10 +91,12 @@ def recipe_from_args(args):
     muonh.lr_settings' to apply). ValueError for a warmup outside [0, 1) or two flags setting the batch."""
     recipe = RECIPES[args.recipe]
     overrides = {"warmup_frac": args.warmup_frac, "decay": args.lr_decay, "d0": args.d0,
-                 "batch_at_d0": args.batch_at_d0}
+                 "batch_at_d0": args.batch_at_d0, "average_frac": args.average_last}
     recipe = replace(recipe, **{key: value for key, value in overrides.items() if value is not None})
     if not 0 <= recipe.warmup_frac < 1:
         raise ValueError(f"--warmup-frac must be in [0, 1), got {recipe.warmup_frac}")
+    if not 0 <= recipe.average_frac <= 1:
+        raise ValueError(f"--average-last must be in [0, 1], got {recipe.average_frac}")
     if recipe.batch_at_d0 is not None and args.batch_tokens is not None:
         raise ValueError(f"--batch-tokens and --recipe {recipe.name}'s batch rule ({recipe.batch_at_d0} sequences "
                          f"at D0) both set the batch: give one")
@@ -130,9 +136,9 @@ def plan_horizon(args, cfg, recipe, strict=True):
 
 
 def is_default_schedule(recipe):
-    """Whether the recipe's LR schedule is the iso-depth one (no warmup, linear decay): the run identities of
-    every iso-depth run were made without a schedule entry, and must stay what they are."""
-    return recipe.warmup_frac == 0 and recipe.decay == "linear"
+    """Whether the recipe's LR schedule is the iso-depth one (no warmup, linear decay, the last iterate): the run
+    identities of every iso-depth run were made without a schedule entry, and must stay what they are."""
+    return recipe.warmup_frac == 0 and recipe.decay == "linear" and recipe.average_frac == 0
 
 
 def ladder_batch(tokens, recipe):

@@ -145,6 +145,7 @@ class Run:
     model: GPT = None
     backend: str = ""               # the attention kernel: fa3, fa2 or sdpa
     optimizers: list = dataclasses.field(default_factory=list)  # MuonH and AdamW (muonh.build_optimizers)
+    average: object = None          # --average-last's WeightAverage (averaging.py), last in optimizers; else None
     progress: dict = dataclasses.field(default_factory=dict)    # the loop's state a checkpoint keeps (runs.PROGRESS_KEYS)
     train_loader: RowLoader = None
     val_loader: RowLoader = None
@@ -186,6 +187,8 @@ def run_identity(args, meta, plan):
     if not is_default_schedule(plan.recipe):
         identity["schedule"] = {"recipe": plan.recipe.name, "warmup_frac": plan.recipe.warmup_frac,
                                 "decay": plan.recipe.decay}
+        if plan.recipe.average_frac:  # only then: the schedules of earlier runs keep their run_ids
+            identity["schedule"]["average_frac"] = plan.recipe.average_frac
     identity = json.loads(json.dumps(identity))  # through JSON, so it compares equal to what files hold
     return identity, run_id_of(identity)
 
