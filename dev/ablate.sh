@@ -8,6 +8,12 @@
 #   bash dev/ablate.sh gated -- --injection gated           # the full arm: the 42 looped runs of cpu-micro
 #   bash dev/ablate.sh gated --quick -- --injection gated   # r = 4 at 1.1e12 and 2.4e12 (7 runs): the paired table
 #   bash dev/ablate.sh rsi --quick --plan -- --random-state-init   # the plan only: nothing is trained or written
+#   bash dev/ablate.sh gated --quick --seeds 3 -- --injection gated  # 3 seeds: a verdict with a narrower CI
+#
+# --seeds K trains K replicates of the arm: replicate i of the variant with its own --seed (default 0) + i into
+# OUT-seed<i> (OUT itself for i = 0), and of the base with --seed i into dev/results/cpu-micro-base-seed<i>
+# (the committed cpu-micro for i = 0; a base replicate trained once is reused by every later ablation). The
+# verdict pairs them by cell and replicate (nanoloop/verdict.py); the fits use replicate 0.
 #
 # --plan lists every run of the arm: the flags it gets, what train.py will do with it (reuse which committed run
 # of the same run identity, dev/results/*/runs/<name>/final.json, or train it) and, for a run to train, a time at
@@ -32,9 +38,9 @@
 # Environment: CPU_JOBS (default 2), PYTHON, OUT, COMPILE (default 1; 0 trains eagerly).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: bash dev/ablate.sh NAME [--quick] [--plan] -- TRAIN_FLAGS (bash dev/ablate.sh --help says more)"
+usage="usage: bash dev/ablate.sh NAME [--quick] [--plan] [--seeds K] -- TRAIN_FLAGS (--help says more)"
 if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then
-  echo "usage: bash dev/ablate.sh NAME [--quick] [--plan] -- TRAIN_FLAGS"
+  echo "usage: bash dev/ablate.sh NAME [--quick] [--plan] [--seeds K] -- TRAIN_FLAGS"
   sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
@@ -45,15 +51,31 @@ NAME="$1"; shift
 [[ "$NAME" =~ ^[A-Za-z0-9._-]+$ ]] || { echo "ablate.sh: NAME '$NAME': use letters, digits, . _ - ($usage)" >&2; exit 2; }
 QUICK=""
 PLAN=""
+SEEDS=1
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
     --plan) PLAN=1; shift ;;
+    --seeds)
+      if ! [[ "${2:-}" =~ ^[1-9][0-9]*$ ]]; then
+        echo "ablate.sh: --seeds takes a positive integer, got '${2:-}' ($usage)" >&2
+        exit 2
+      fi
+      SEEDS="$2"; shift 2 ;;
     *) echo "ablate.sh: unknown option $1 before -- ($usage)" >&2; exit 2 ;;
   esac
 done
 [ "${1:-}" = -- ] && [ $# -ge 2 ] || { echo "ablate.sh: the train.py flags that make the variant go after -- ($usage)" >&2; exit 2; }
 shift
+OWN_SEED=0  # the variant's own --seed (train.py's last one wins), from which its replicates count
+args=("$@")
+for ((k = 0; k < ${#args[@]}; k++)); do
+  case "${args[k]}" in
+    --seed) OWN_SEED="${args[k + 1]:-0}" ;;
+    --seed=*) OWN_SEED="${args[k]#--seed=}" ;;
+  esac
+done
+[[ "$OWN_SEED" =~ ^[0-9]+$ ]] || { echo "ablate.sh: --seed $OWN_SEED: a seed is a non-negative integer" >&2; exit 2; }
 PYTHON="${PYTHON:-python3}"
 CPU_JOBS="${CPU_JOBS:-2}"
 OUT="${OUT:-dev/results/cpu-micro-$NAME${QUICK:+-quick}}"
@@ -86,6 +108,19 @@ if [ -n "$PLAN" ]; then
   fi
   GPUS=0 OUT="$OUT" ./sweep.sh --grid cpu-micro --variant "$NAME" --print "${SUBSET[@]}" --r1-flags "$R1_FLAGS" \
     -- "$@" "${COMPILE_FLAG[@]}" | "$PYTHON" dev/ablation_report.py "$OUT" --plan --slots "$CPU_JOBS" -- "$@"
+  for ((i = 1; i < SEEDS; i++)); do
+    seed=$((OWN_SEED + i))
+    echo; echo "replicate $i: the base with --seed $i (dev/results/cpu-micro-base-seed$i)"
+    GPUS=0 OUT="dev/results/cpu-micro-base-seed$i" ./sweep.sh --grid cpu-micro --variant "base-seed$i" --print \
+      "${SUBSET[@]}" -- --seed "$i" "${COMPILE_FLAG[@]}" |
+      "$PYTHON" dev/ablation_report.py "dev/results/cpu-micro-base-seed$i" --plan --slots "$CPU_JOBS" -- --seed "$i"
+    echo; echo "replicate $i: the variant with --seed $seed ($OUT-seed$i)"
+    GPUS=0 OUT="$OUT-seed$i" ./sweep.sh --grid cpu-micro --variant "$NAME-seed$i" --print "${SUBSET[@]}" \
+      --r1-flags "$R1_FLAGS --seed $seed" -- "$@" --seed "$seed" "${COMPILE_FLAG[@]}" |
+      "$PYTHON" dev/ablation_report.py "$OUT-seed$i" --plan --slots "$CPU_JOBS" -- "$@" --seed "$seed"
+  done
+  echo
+  "$PYTHON" dev/ablation_report.py "$OUT" --power "$SEEDS" ${QUICK:+--quick}
   exit 0
 fi
 
@@ -104,6 +139,13 @@ trap mark_failed EXIT
 start=$(date +%s)
 CPU_JOBS="$CPU_JOBS" OUT="$OUT" ./sweep.sh --grid cpu-micro --variant "$NAME" --no-fit "${SUBSET[@]}" \
   --r1-flags "$R1_FLAGS" -- "$@" "${COMPILE_FLAG[@]}"
+for ((i = 1; i < SEEDS; i++)); do  # the other replicates: the base's (reused once trained), then the variant's
+  seed=$((OWN_SEED + i))
+  CPU_JOBS="$CPU_JOBS" OUT="dev/results/cpu-micro-base-seed$i" ./sweep.sh --grid cpu-micro --variant "base-seed$i" \
+    --no-fit "${SUBSET[@]}" -- --seed "$i" "${COMPILE_FLAG[@]}"
+  CPU_JOBS="$CPU_JOBS" OUT="$OUT-seed$i" ./sweep.sh --grid cpu-micro --variant "$NAME-seed$i" --no-fit \
+    "${SUBSET[@]}" --r1-flags "$R1_FLAGS --seed $seed" -- "$@" --seed "$seed" "${COMPILE_FLAG[@]}"
+done
 trained=$(date +%s)
 if [ -n "$QUICK" ]; then  # the base on the variant's cells only, so that both arms have the same design
   "$PYTHON" dev/ablation_report.py "$OUT" --same-cells "$BASE" > "$OUT/fit/base.jsonl"

@@ -18,7 +18,9 @@ base, run for run. Reads rows and fit_laws.py's JSON only; fits nothing itself.
 """
 import argparse
 import json
+import shlex
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -29,12 +31,19 @@ import flops  # noqa: E402
 from nanoloop.common import DataError, fail, one_line_errors, positive_int  # noqa: E402
 from nanoloop.laws import ci_bounds_reached, estimate_text, is_untied  # noqa: E402 (the one way a CI is printed)
 from nanoloop.sweep_state import duration, parse_flags  # noqa: E402
+from nanoloop.verdict import expected_half_width, paired_differences, verdict_line, verdicts_by_r  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "dev" / "results"
 BASE, LAYOUT, EVAL = RESULTS / "cpu-micro", RESULTS / "cpu-micro-layout", RESULTS / "cpu-micro-eval"
 # dev/ablate.sh's marker: in OUT from its start until its report is written, so a failed or stopped ablation
 # never looks like a result (the report refuses it; a rerun of the same command finishes it)
 INCOMPLETE = "INCOMPLETE"
+# dev/ablate.sh --seeds K: replicate i >= 1 of the variant in OUT-seed<i>, of the base in cpu-micro-base-seed<i>
+# (trained once, committed, reused by every later ablation with as many seeds)
+BASE_SEED_GRID = "cpu-micro-base-seed{}"
+NOISE = RESULTS / "cpu-micro-noise"  # dev/noise.sh: the seed sd of the base recipe at the quick cells
+QUICK_CELLS, FULL_CELLS = {4: 7}, {2: 14, 4: 14, 8: 14}  # looped cells per r of --quick and of the full arm
 
 
 def by_cell(rows):
@@ -330,12 +339,20 @@ def wall_time(seconds, slots):
     return max(loads)
 
 
-def data_missing(data_dir):
-    """The one line that says the plan needs the grid's data, with the command the committed base was built by."""
-    base = read_rows(BASE / "results.jsonl")
-    command = base[0]["data_meta"]["command"]
-    return (f"--plan needs {data_dir}/meta.json: every run's identity names its data's checksums. The ablation "
-            f"builds it first; to preview now, build it (a few seconds): {command}")
+def build_data(data_dir):
+    """The grid's data in `data_dir`, built as the committed base's rows say theirs was (data_meta.command: a
+    minute from the repository's own corpus, the same bytes), so that a plan in a fresh clone can name every
+    run's identity. DataError if the build fails."""
+    command = shlex.split(read_rows(BASE / "results.jsonl")[0]["data_meta"]["command"])
+    if command[:2] != ["python", "prepare_data.py"] or command[-2] != "--out":
+        raise DataError(f"--plan needs {data_dir}/meta.json; the base's data command is not prepare_data.py's: "
+                        f"build it first")
+    command[-1] = str(data_dir)
+    print(f"ablate.sh: {data_dir}/meta.json not found; building it as the base was: {' '.join(command)}",
+          file=sys.stderr)
+    built = subprocess.run([sys.executable, *command[1:]], cwd=REPO, stdout=subprocess.DEVNULL)
+    if built.returncode != 0:
+        raise DataError(f"building {data_dir} failed (exit {built.returncode}): {' '.join(command)}")
 
 
 # What train.py will do with each run, in the order a plan lists them, and how the footer counts them.
@@ -354,8 +371,8 @@ def plan_table(lines, flags, slots):
     parser = train_parser()
     parsed = [parse_flags(parser, name, args) for name, args in runs]
     data_dir = parsed[0].data
-    if not (Path(data_dir) / "meta.json").is_file():
-        raise DataError(data_missing(data_dir))
+    if not (REPO / data_dir / "meta.json").is_file():
+        build_data(data_dir)
     planned = plan_runs([f"{name}|{' '.join(args)}" for name, args in runs], data_dir, devices=("cpu",))
     rates = committed_rates(parsed[0].compile)
     r1_given = " ".join(token for group in kept for token in group) or "(none)"
@@ -421,6 +438,9 @@ def parse_args(argv=None):
     mode.add_argument("--plan", action="store_true",
                       help="read the arm's `sweep.sh --print` lines on stdin and print each run, the flags it gets, "
                            "whether train.py will reuse a committed run or train it, and a time estimate")
+    mode.add_argument("--power", type=positive_int, metavar="SEEDS",
+                      help="print the CI half-width an arm of SEEDS seeds should reach, from dev/noise.sh's seed sd")
+    p.add_argument("--quick", action="store_true", help="--power: of ablate.sh --quick's cells")
     p.add_argument("--slots", type=positive_int, default=2, help="--plan: runs trained at once (ablate.sh's CPU_JOBS)")
     return p.parse_args(argv), flags
 
@@ -444,6 +464,9 @@ def main():
     if args.r1_flags or args.plan:
         before_training(args, flags)
         return
+    if args.power:
+        print("\n".join(power_lines(args.power, args.quick)))
+        return
     rows_only = args.layout_anchored_rows or args.same_cells or args.untied_anchored_rows  # ablate.sh's steps
     if (out / INCOMPLETE).is_file() and not rows_only:
         fail("ablation_report.py", f"{out} is not a finished ablation ({out / INCOMPLETE} says how it stopped): "
@@ -463,11 +486,78 @@ def main():
     print("".join(json.dumps(row) + "\n" for row in rows), end="")
 
 
+def replicates(first, folder_of):
+    """[rows of replicate 0, 1, ...]: first's results.jsonl, then folder_of(i)'s for i = 1, 2, ... while it exists."""
+    found = [read_rows(first / "results.jsonl")]
+    while (folder_of(len(found)) / "results.jsonl").is_file():
+        found.append(read_rows(folder_of(len(found)) / "results.jsonl"))
+    return found
+
+
+def verdict_section(out, name):
+    """(lines, {label: verdict}): the verdict per looped r and pooled, from every replicate both arms have."""
+    variant = replicates(out, lambda i: out.parent / f"{out.name}-seed{i}")
+    base = replicates(BASE, lambda i: RESULTS / BASE_SEED_GRID.format(i))
+    verdicts = verdicts_by_r(paired_differences(base, variant))
+    head = (f"verdict: {name} minus base, validation loss (nats/token), paired by cell and seed over "
+            f"{min(len(base), len(variant))} seed(s): mean and 95% CI (t-interval, nanoloop/verdict.py)\n")
+    return [head] + [verdict_line(label, v) for label, v in verdicts.items()], verdicts
+
+
+def delta_phi_of(path):
+    """{delta_phi, ci, identified} of a fit_laws.py --compare file; None where it is missing."""
+    if not path.exists():
+        return None
+    out = json.loads(path.read_text())
+    reached = ci_bounds_reached("phi", out["joint"].get("phi_ci"), out["compare"]["joint"].get("phi_ci"))
+    delta = out["delta_phi"]
+    return {"delta_phi": delta["delta_phi"], "ci": delta.get("delta_phi_ci"), "identified": not reached}
+
+
+def base_seed_sd():
+    """{r: seed sd of the base recipe}, pooled over dev/noise.sh's cells at r (the root mean of their variances)."""
+    by_cell = {}
+    for row in read_rows(NOISE / "results.jsonl"):
+        if Path(row["out"]).name.split("_")[3] == "base":
+            by_cell.setdefault((row["flops_budget"], row["r"], row["d_model"]), []).append(row["val_loss"])
+    variances = {}
+    for (_, r, _), losses in by_cell.items():
+        if len(losses) > 1:
+            variances.setdefault(r, []).append(statistics.variance(losses))
+    return {r: statistics.fmean(values) ** 0.5 for r, values in variances.items()}
+
+
+def power_lines(seeds, quick):
+    """--power: the 95% half-width the arm's design should give, per looped r, from the base recipe's measured
+    seed sd (the largest measured r's where r itself was not measured); and the seeds a +-0.010 verdict takes."""
+    if not (NOISE / "results.jsonl").is_file():
+        return [f"power: {NOISE / 'results.jsonl'} not found (bash dev/noise.sh measures the seed noise)"]
+    sds = base_seed_sd()
+    lines = []
+    for r, n_cells in (QUICK_CELLS if quick else FULL_CELLS).items():
+        sd = sds.get(r, max(sds.values()))
+        measured = "measured" if r in sds else f"r = {max(sds, key=sds.get)}'s, not measured at r = {r}"
+        width = expected_half_width(sd, n_cells, seeds)
+        enough = next((k for k in range(1, 101) if expected_half_width(sd, n_cells, k) <= 0.010), None)
+        lines.append(f"power at r = {r}: ±{width:.3f} nats (95% CI half-width) from {n_cells} cells x {seeds} "
+                     f"seed(s), seed sd {sd:.3f} ({measured}, dev/noise.sh); ±0.010 takes {enough or '> 100'} seeds")
+    return lines
+
+
 def report(out, variant_rows):
     """(a), (b) and (c) of a finished ablation on stdout, and fit/ablation.png."""
     name = out.name.removeprefix("cpu-micro-")
     base, variant = by_cell(read_rows(BASE / "results.jsonl")), by_cell(variant_rows)
     looped = {cell: losses for cell, losses in variant.items() if cell[1] > 1}
+    lines, verdicts = verdict_section(out, name)
+    print("\n".join(lines))
+    print("Δφ against the layout-matched r = 1 (fit_laws.py --compare; 95% CI, block bootstrap):",
+          delta_phi_line("", out / "fit" / "compare_layout.json").split(" | ")[-1].rstrip(" |") + "\n")
+    summary = {"arm": name, "verdicts": verdicts,
+               "delta_phi": {"layout-matched": delta_phi_of(out / "fit" / "compare_layout.json"),
+                             "plain": delta_phi_of(out / "fit" / "compare.json")}}
+    (out / "fit").mkdir(exist_ok=True)
+    (out / "fit" / "ablation.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"(a) {name} minus base, validation loss (nats/token); r = 1 is the same run in both arms\n")
     print("\n".join(paired_table(base, looped)))
     retrain, seeds = noise_floor()

@@ -15,6 +15,7 @@ plain ones (<grid>/fit/layout_anchored.jsonl, written by --layout-anchored), and
 """
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -185,6 +186,39 @@ def retrain_table():
     return lines
 
 
+NOISE = RESULTS / "cpu-micro-noise"  # dev/noise.sh: seeds x candidate recipes at the quick cells
+
+
+def noise_runs():
+    """{(recipe, budget, r, d): {seed: val loss}} of dev/noise.sh's rows (the recipe and seed from the folder name
+    it gives each run: r4_s0.25_C1.1e12_cosine_seed2_micro)."""
+    found = {}
+    for row in load(NOISE / "results.jsonl"):
+        recipe = Path(row["out"]).name.split("_")[3]
+        cell = (recipe, row["flops_budget"], row["r"], row["d_model"])
+        found.setdefault(cell, {})[row["seed"]] = row["val_loss"]
+    return found
+
+
+def noise_table():
+    """Per candidate recipe and cell: seeds, mean val loss, seed sd (the noise an ablation's verdict must beat),
+    range; and for the base recipe, seed 0 retrained against the committed cpu-micro run of its run_id (the same
+    identity: kernel rounding and threads alone)."""
+    committed = {(row["flops_budget"], row["r"], row["d_model"]): row["val_loss"] for row in load_rows("cpu-micro")}
+    lines = ["| recipe | C | r | d | seeds | mean | seed sd | range | retrain |Δ| (seed 0) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    by_r_then_budget = sorted(noise_runs().items(), key=lambda item: (item[0][2], item[0][1], item[0][0]))
+    for (recipe, budget, r, d), by_seed in by_r_then_budget:
+        losses = list(by_seed.values())
+        sd = statistics.stdev(losses) if len(losses) > 1 else float("nan")
+        retrain = "-"
+        if recipe == "base" and 0 in by_seed and (budget, r, d) in committed:
+            retrain = f"{abs(by_seed[0] - committed[budget, r, d]):.3f}"
+        lines.append(f"| {recipe} | {budget:.2g} | {r} | {d} | {len(losses)} | {statistics.fmean(losses):.3f} | "
+                     f"{sd:.3f} | {min(losses):.3f}-{max(losses):.3f} | {retrain} |")
+    return lines
+
+
 def val_losses(rows):
     """{run_id: validation loss} of results rows."""
     return {row["run_id"]: row["val_loss"] for row in rows}
@@ -281,6 +315,9 @@ def main():
               "\n".join(kernel_table()))
     if (EVAL / "seeds.jsonl").exists():
         print("\nseed spread at 5e12 (nats/token, mean ± half-range)\n" + "\n".join(seed_table()))
+    if (NOISE / "results.jsonl").exists():
+        print("\nthe noise at the quick cells: seeds x candidate recipes (dev/noise.sh; val loss, nats/token)\n" +
+              "\n".join(noise_table()))
 
 
 if __name__ == "__main__":

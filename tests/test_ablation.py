@@ -255,6 +255,17 @@ def test_the_plan_lists_each_run_reused_or_to_train_with_its_flags_and_writes_no
 
 
 @pytest.mark.slow
+def test_the_plan_in_a_fresh_clone_builds_the_data_and_reuses_the_committed_r1_runs(tmp_path):
+    """README's preview in a clone without data/micro-2k: the plan builds it as the base's was (the same bytes,
+    so the r = 1 runs' identities are the committed ones and are reused) instead of refusing."""
+    data = tmp_path / "fresh" / "micro-2k"
+    proc = ablate("rsi", "--quick", "--plan", "--", "--random-state-init", OUT=str(tmp_path / "out"), DATA=str(data))
+    assert proc.returncode == 0, proc.stderr
+    assert f"{data}/meta.json not found; building it as the base was" in proc.stderr
+    assert (data / "meta.json").is_file() and "14 runs: 7 to train, 7 reused" in proc.stdout
+
+
+@pytest.mark.slow
 def test_a_failed_ablation_is_marked_incomplete_and_its_report_refused(tmp_path):
     """A failure after ablate.sh has started (here its data is damaged: val.bin empty) leaves OUT/INCOMPLETE saying
     how it stopped and no fit/ablation.txt; dev/ablation_report.py refuses the folder in one line."""
@@ -268,3 +279,26 @@ def test_a_failed_ablation_is_marked_incomplete_and_its_report_refused(tmp_path)
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1
     assert "not a finished ablation" in refused.stderr and "INCOMPLETE" in refused.stderr
+
+
+def test_the_report_leads_with_a_verdict_per_r_and_writes_it_for_a_program(tmp_path):
+    """The committed gated arm, reported again: a verdict line per looped r and pooled (no difference at 42 cells
+    of one seed, each with its ±), Δφ against the layout-matched anchor next, then the tables; fit/ablation.json
+    holds the same numbers."""
+    out = tmp_path / "cpu-micro-gated"
+    (out / "fit").mkdir(parents=True)
+    shutil.copy(RESULTS / "cpu-micro-gated" / "results.jsonl", out)
+    for name in ("compare.json", "compare_layout.json"):
+        shutil.copy(RESULTS / "cpu-micro-gated" / "fit" / name, out / "fit")
+    proc = subprocess.run([sys.executable, str(ROOT / "dev" / "ablation_report.py"), str(out)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("verdict: gated minus base") and "1 seed(s)" in lines[0]
+    assert [line.split(":")[0] for line in lines[2:6]] == ["r = 2", "r = 4", "r = 8", "all r"]
+    assert all(": no difference larger than ±0.0" in line for line in lines[2:6])
+    assert lines[6].startswith("Δφ against the layout-matched r = 1") and "[-0.34, +0.16]" in lines[6]
+    summary = json.loads((out / "fit" / "ablation.json").read_text())
+    pooled = summary["verdicts"]["all r"]
+    assert pooled["word"] == "no difference" and pooled["n_cells"] == 42 and pooled["ci"][0] < 0 < pooled["ci"][1]
+    assert summary["delta_phi"]["layout-matched"]["ci"] == pytest.approx([-0.34, 0.16], abs=0.005)

@@ -1,0 +1,104 @@
+"""
+The verdict of an ablation (nanoloop/verdict.py, printed first by dev/ablation_report.py): the mean paired
+difference with a 95% t-interval and the word that follows from it. Calibrated: a null ablation (the same
+distribution, other seeds) covers 0 in 95% of repeats, a change of known large effect (hyperconnections at r = 4,
+the committed grids) comes out better, and the interval narrows with seeds as sqrt(seeds) when the noise is seeds'.
+"""
+import json
+import math
+import random
+from pathlib import Path
+
+from scipy.stats import t as student_t
+
+from nanoloop.verdict import paired_differences, verdict, verdict_line, verdicts_by_r
+
+RESULTS = Path(__file__).resolve().parents[1] / "dev" / "results"
+CELLS = [(1.1e12, 4, 8), (1.1e12, 4, 16), (1.1e12, 4, 24), (2.4e12, 4, 8), (2.4e12, 4, 16), (2.4e12, 4, 24),
+         (2.4e12, 4, 32)]  # dev/ablate.sh --quick's looped cells
+
+
+def row(cell, loss):
+    budget, r, d = cell
+    return {"flops_budget": budget, "r": r, "d_model": d, "val_loss": loss}
+
+
+def synthetic_arms(rng, seeds, effect, seed_sd, shared_sd=0.0):
+    """(base replicates, variant replicates): per cell a true loss, per (cell, seed) a noise both arms share
+    (shared_sd: what pairing cancels) and each arm's own seed noise (seed_sd)."""
+    base, variant = [], []
+    truth = {cell: 5.0 + 0.1 * rng.random() for cell in CELLS}
+    for _ in range(seeds):
+        shared = {cell: rng.gauss(0, shared_sd) for cell in CELLS}
+        base.append([row(c, truth[c] + shared[c] + rng.gauss(0, seed_sd)) for c in CELLS])
+        variant.append([row(c, truth[c] + effect + shared[c] + rng.gauss(0, seed_sd)) for c in CELLS])
+    return base, variant
+
+
+def test_a_null_ablation_covers_zero_in_95_percent_of_repeats():
+    rng = random.Random(0)
+    for seeds in (1, 3):
+        covered = 0
+        for _ in range(600):
+            v = verdict(paired_differences(*synthetic_arms(rng, seeds, 0.0, 0.02)))
+            covered += v["ci"][0] <= 0 <= v["ci"][1]
+        assert 0.93 <= covered / 600 <= 0.97, (seeds, covered)
+
+
+def test_pairing_cancels_the_noise_both_arms_share():
+    """Base and variant of one (cell, seed) share most of their noise (the seed's initialisation and the data
+    order): the paired difference sees a 0.02-nat effect that an unpaired comparison of the arms' means cannot."""
+    base, variant = synthetic_arms(random.Random(1), 3, -0.02, 0.002, shared_sd=0.05)
+    v = verdict(paired_differences(base, variant))
+    assert v["word"] == "better" and v["half_width"] < 0.005
+
+
+def test_the_interval_is_the_t_interval_of_the_seed_spread_within_cells():
+    """Every cell's differences are m - a and m + a over two seeds: the pooled within-cell variance is 2a^2 on
+    7 df, so the mean of 7 cells has the standard error a / sqrt(7). Cell means that agree exactly give no
+    spread across cells: an interval from them (seeds ignored) would be 0 wide."""
+    m, a = -0.01, 0.004
+    pairs = {cell: {0: m - a, 1: m + a} for cell in CELLS}
+    v = verdict(pairs)
+    assert v["df"] == 7 and math.isclose(v["mean"], m)
+    assert math.isclose(v["half_width"], student_t.ppf(0.975, 7) * a / math.sqrt(7), rel_tol=1e-9)
+
+
+def test_more_seeds_narrow_the_interval_as_their_square_root():
+    rng = random.Random(2)
+    widths = {}
+    for seeds in (2, 8):
+        runs = [verdict(paired_differences(*synthetic_arms(rng, seeds, 0.0, 0.02)))["half_width"] for _ in range(200)]
+        widths[seeds] = sum(runs) / len(runs)
+    assert 1.7 <= widths[2] / widths[8] <= 2.6  # sqrt(4) = 2 (and t(7) / t(49) ~ 1.2 more)
+
+
+def test_the_word_follows_the_interval_not_the_sign():
+    def pairs_at(mean):
+        return {cell: {0: mean - 0.01, 1: mean + 0.01} for cell in CELLS}
+    assert verdict(pairs_at(-0.004))["word"] == "no difference"
+    assert verdict(pairs_at(+0.004))["word"] == "no difference"
+    assert verdict(pairs_at(-0.05))["word"] == "better" and verdict(pairs_at(+0.05))["word"] == "worse"
+    line = verdict_line("r = 4", verdict(pairs_at(-0.004)))
+    assert line.startswith("r = 4: no difference larger than ±0.0")
+    assert "cannot tell" in verdict_line("r = 4", verdict({CELLS[0]: {0: -0.1}}))
+
+
+def read_rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_hyperconnections_at_r4_come_out_better_on_the_committed_grids():
+    """The known effect: hyperconnections (K = 2 lanes) at r = 4 lower the loss by ~0.14 nats against the base
+    (cpu-micro-hyper against cpu-micro, one seed per cell): the verdict says better, its CI below -0.05."""
+    base = read_rows(RESULTS / "cpu-micro" / "results.jsonl")
+    hyper = read_rows(RESULTS / "cpu-micro-hyper" / "results.jsonl")
+    verdicts = verdicts_by_r(paired_differences([base], [hyper]))
+    assert verdicts["r = 4"]["word"] == "better" and verdicts["r = 4"]["ci"][1] < -0.05
+    assert verdicts["r = 4"]["n_cells"] == 14 and verdicts["all r"]["word"] == "better"
+
+
+def test_the_r1_runs_an_ablation_leaves_alone_are_not_pairs():
+    base = [[row((1.1e12, 1, 16), 5.1), row((1.1e12, 4, 16), 5.2)]]
+    variant = [[row((1.1e12, 1, 16), 5.1), row((1.1e12, 4, 16), 5.15)]]
+    assert list(paired_differences(base, variant)) == [(1.1e12, 4, 16)]
