@@ -6,8 +6,8 @@ Train one looped transformer; one invocation = one row of a scaling study (iso-d
 
 Horizon: --flops C (steps = round(C / (F B)), the sweep's mode), --tokens or --tokens-per-param; on CPU one is
 required (the GPU default, 20 tokens per parameter in 262,144-token steps, is hours there). Recipe (--recipe,
-recipe.py): MuonH for block matrices, AdamW for the rest, LRs transferred across width, batch and horizon.
-The run's identity and run_id (runs.py) go into --out's run.json, ckpt.pt and final.json and into the row
+nanoloop/recipe.py): MuonH for block matrices, AdamW for the rest, LRs transferred across width, batch and horizon.
+The run's identity and run_id (nanoloop/runs.py) go into --out's run.json, ckpt.pt and final.json and into the row
 appended to --results (before final.json). Top to bottom: main (flags, identity, what the folder holds, the
 lock), setup (devices, model, optimisers, resume, data), train_loop, finish (checkpoint, validation, the row).
 Exit: 0 trained / "already done:" / "reused:" / "restored:"; 2 bad input or another run's files; 1 diverged
@@ -35,12 +35,12 @@ from muonh import build_optimizers
 from nanoloop import common, tracking
 from nanoloop.averaging import weight_average
 from nanoloop.common import DataError, append_row, atomic_write
-from nanoloop.dataloader import RowLoader, load_tokenizer, read_meta
+from nanoloop.dataloader import load_tokenizer, read_meta
 from nanoloop.engine import print_samples
 from nanoloop.recipe import DEFAULT_TOKENS_PER_PARAM, lr_multiplier
-from nanoloop.runs import (Run, compile_or_eager, cpu_threads, eager_blocks, finished_row, load_run_model, open_outputs,
-                           plan_run, restore_checkpoint, results_row, run_identity, save_checkpoint, settle,
-                           train_parser)
+from nanoloop.runs import (Run, compile_or_eager, cpu_threads, eager_blocks, finished_row, load_run_model, open_loaders,
+                           open_outputs, plan_run, restore_checkpoint, results_row, run_identity, save_checkpoint,
+                           settle, train_parser)
 
 # SIGTERM/SIGINT (preemption, timeout, Ctrl-C) set this event (stop_requested). One process stops at its next
 # micro-batch, dropping a step that gradient accumulation can make minutes long. Under torchrun the ranks agree
@@ -205,11 +205,7 @@ def setup(run):
     if RANK == 0:
         run_json = {"run_id": run.run_id, "identity": run.identity}
         atomic_write(run.out / "run.json", (json.dumps(run_json, indent=1) + "\n").encode())
-    run.train_loader = RowLoader(args.data, "train", run.device_batch, RANK, WORLD, run.progress["train_row"])
-    eval_rows = run.identity["eval_rows"]
-    val_batch = max(1, min(run.device_batch, eval_rows // WORLD))
-    run.val_loader = RowLoader(args.data, "val", val_batch, RANK, WORLD)
-    run.val_batches = max(1, eval_rows // (val_batch * WORLD))
+    open_loaders(run, RANK, WORLD)
     compiled = run.model
     if args.compile:
         with run.autocast:  # compiled for the dtype it trains in

@@ -2,7 +2,8 @@
 # The noise of the CPU grid by source, at the cells an ablation compares (#50): each cell trained with seeds
 # 0..K-1 under each candidate recipe, so that every (cell, recipe) has a seed sd, and seed 0 of the base recipe
 # is the committed cpu-micro run retrained (the same run_id: what kernel rounding alone moves). The data order is
-# the same in every run (dataloader.ROW_ORDER_SEED), so a seed changes the initialisation only.
+# the same in every run (dataloader.ROW_ORDER_SEED), so a seed changes the initialisation only; the "order"
+# recipe keeps seed 0 and reads the rows in order i + 1 instead (train.py --data-order): the data order alone.
 # dev/study_tables.py prints the table (seed sd and mean loss per cell and recipe, the retrain's |delta|).
 #
 #   bash dev/noise.sh                                   # the default cells, recipes and seeds (resumes)
@@ -25,8 +26,12 @@ recipe_flags() {  # a candidate recipe's train.py flags, after the grid's (a lat
     cosine) echo "--warmup-frac 0.1 --lr-decay cosine" ;;     # Truncate or Not?'s schedule shape
     lowlr) echo "--lr-matrix 0.028" ;;                        # half the grid's MuonH LR
     cosine-avg) echo "--warmup-frac 0.1 --lr-decay cosine --average-last 0.2" ;;  # + the last 20% averaged
+    order) echo "" ;;                                         # the base; its "seed" is the data order's
     avg) echo "--average-last 0.2" ;;                         # the grid's schedule, the last 20% averaged
-    *) echo "noise.sh: unknown recipe '$1' (base, cosine, lowlr, avg, cosine-avg)" >&2; return 2 ;;
+    lr014) echo "--lr-matrix 0.014" ;;                        # the looped runs' own best LR (cpu-micro-lr)
+    cosine-avg-lr014) echo "--warmup-frac 0.1 --lr-decay cosine --average-last 0.2 --lr-matrix 0.014" ;;
+    *) echo "noise.sh: unknown recipe '$1' (base, order, cosine, lowlr, avg, cosine-avg, lr014, cosine-avg-lr014)" >&2
+       return 2 ;;
   esac
 }
 GRID_FLAGS=$(sed -n 's/^CPU_MICRO_FLAGS="\(.*\)"$/\1/p' sweep.sh)  # the grid's flags, from their one place
@@ -37,7 +42,7 @@ if [ ! -f "$DATA/meta.json" ]; then  # built from the repository's sources with 
   "$PYTHON" prepare_data.py $data_flags --out "$DATA"
 fi
 mkdir -p "$OUT/runs" "$OUT/logs"
-jobs_file="$OUT/jobs.txt"
+jobs_file=$(mktemp)  # this invocation's runs (another may share OUT after it)
 : > "$jobs_file"
 for recipe in $RECIPES; do
   flags=$(recipe_flags "$recipe")
@@ -45,7 +50,9 @@ for recipe in $RECIPES; do
     IFS=: read -r budget r s <<< "$cell"
     for seed in $SEEDS; do
       name="r${r}_s${s}_C${budget}_${recipe}_seed${seed}_micro"
-      echo "$name|--r $r --scale $s --flops $budget $GRID_FLAGS $flags --seed $seed" >> "$jobs_file"
+      seed_flags="--seed $seed"
+      if [ "$recipe" = order ]; then seed_flags="--seed 0 --data-order $((seed + 1))"; fi
+      echo "$name|--r $r --scale $s --flops $budget $GRID_FLAGS $flags $seed_flags" >> "$jobs_file"
     done
   done
 done

@@ -138,24 +138,25 @@ def load_tokenizer(data_dir):
 class RowLoader:
     """Batches of rows from train.bin / val.bin (memory-mapped). next_batch() consumes world_size * batch_rows global
     rows from self.row (save it to resume), rank k taking row + k + world_size * i: 8 GPUs, 2 CPU processes and one
-    process read the same tokens. Row g is file row order(epoch)[g % n_rows], a permutation seeded by
-    ROW_ORDER_SEED and the epoch, the same for every run and rank. Why not file order: the packer writes a
-    document's rows next to each other and a local corpus source after source, so a 16-row CPU batch would be one
-    or two web pages and the micro-corpus would be trained on in phases, web then books (that broke the first CPU
-    sweep: dev/README.md, "How the grid was fixed"). train.py's validation loader restarts at row 0 for every
-    evaluation, so it reads the same rows every time."""
+    process read the same tokens. Row g is file row order(epoch)[g % n_rows], a permutation seeded by order_seed
+    (ROW_ORDER_SEED unless train.py's --data-order says) and the epoch, the same for every rank. Why not file order:
+    the packer writes a document's rows next to each other and a local corpus source after source, so a 16-row CPU
+    batch would be one or two web pages and the micro-corpus would be trained on in phases, web then books (that
+    broke the first CPU sweep: dev/README.md, "How the grid was fixed"). train.py's validation loader restarts at
+    row 0 for every evaluation, so it reads the same rows every time."""
 
-    def __init__(self, data_dir, split, batch_rows, rank=0, world_size=1, start_row=0):
+    def __init__(self, data_dir, split, batch_rows, rank=0, world_size=1, start_row=0, order_seed=ROW_ORDER_SEED):
         meta = read_meta(data_dir, verify=False)  # sizes checked; train.py verified the checksums
         self.row_len, self.seq_len, self.n_rows = meta["row_len"], meta["seq_len"], meta[f"{split}_rows"]
         self.data = np.memmap(Path(data_dir) / f"{split}.bin", np.uint16, "r", shape=(self.n_rows, self.row_len))
         self.batch_rows, self.rank, self.world_size = batch_rows, rank, world_size
         self.row, self.epoch, self._orders = start_row, start_row // self.n_rows, {}
+        self.order_seed = order_seed
 
     def order(self, epoch):
         """The permutation of file rows read in pass `epoch` (cached: one pass at a time)."""
         if epoch not in self._orders:
-            self._orders = {epoch: np.random.default_rng([ROW_ORDER_SEED, epoch]).permutation(self.n_rows)}
+            self._orders = {epoch: np.random.default_rng([self.order_seed, epoch]).permutation(self.n_rows)}
         return self._orders[epoch]
 
     def next_batch(self):

@@ -24,7 +24,7 @@ import torch
 import flops
 from nanoloop.common import (DataError, append_row, atomic_write, check_fields, count, load_json, positive_int,
                              positive_int_list)
-from nanoloop.dataloader import RowLoader, data_identity, read_meta
+from nanoloop.dataloader import ROW_ORDER_SEED, RowLoader, data_identity, read_meta
 from nanoloop import tracking
 from model import GPT
 from muonh import GROUP_NAMES, RECIPE_GROUPS, add_lr_args, learning_rates, lr_settings
@@ -75,7 +75,10 @@ def train_parser(description=""):
                    help="print N sampled continuations of --prompt at the end (or of a finished run)")
     g.add_argument("--prompt", default="The capital of France is", help="what --sample continues")
     g.add_argument("--sample-tokens", type=positive_int, default=48, help="tokens per sample")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="the initialisation's seed")
+    g.add_argument("--data-order", type=int, default=ROW_ORDER_SEED, metavar="SEED",
+                   help=f"the seed of the training rows' order (default {ROW_ORDER_SEED}: every run reads the same "
+                        f"order; another one measures what the order alone moves, dev/noise.sh)")
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     g.add_argument("--threads", type=count, default=0,
                    help="CPU threads (0: OMP_NUM_THREADS if set, else 1: with one core of 2 busy, two threads ran "
@@ -189,6 +192,8 @@ def run_identity(args, meta, plan):
                                 "decay": plan.recipe.decay}
         if plan.recipe.average_frac:  # only then: the schedules of earlier runs keep their run_ids
             identity["schedule"]["average_frac"] = plan.recipe.average_frac
+    if args.data_order != ROW_ORDER_SEED:  # only then: every earlier run read the default order
+        identity["data_order"] = args.data_order
     identity = json.loads(json.dumps(identity))  # through JSON, so it compares equal to what files hold
     return identity, run_id_of(identity)
 
@@ -335,6 +340,18 @@ def finished_row(results, run_id):
             except ValueError:
                 continue
     return None
+
+
+def open_loaders(run, rank, world):
+    """run.train_loader from the run's checkpointed row, in its --data-order, and run.val_loader: the same
+    eval_rows held-out rows at every evaluation, split over the ranks (run.val_batches batches each)."""
+    args = run.args
+    start_row = run.progress["train_row"]
+    run.train_loader = RowLoader(args.data, "train", run.device_batch, rank, world, start_row, args.data_order)
+    eval_rows = run.identity["eval_rows"]
+    val_batch = max(1, min(run.device_batch, eval_rows // world))
+    run.val_loader = RowLoader(args.data, "val", val_batch, rank, world)
+    run.val_batches = max(1, eval_rows // (val_batch * world))
 
 
 def save_checkpoint(path, model, optimizers, progress, run_id, identity):

@@ -865,3 +865,19 @@ def test_a_cpu_run_takes_one_thread_unless_told(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         train.parse_args(["--help"])
     assert "OMP_NUM_THREADS if set, else 1" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_data_order_is_a_noise_source_of_its_own(sample_data):
+    """--data-order SEED reads the training rows in another permutation (dev/noise.sh separates what the order
+    moves from what the initialisation moves); its default is the order every committed run read, and then the
+    identity has no entry for it (every run_id stays)."""
+    meta = dataloader.read_meta(sample_data)
+    identities = {}
+    for extra in ([], ["--data-order", str(dataloader.ROW_ORDER_SEED)], ["--data-order", "7"]):
+        args = train.parse_args(["--data", str(sample_data), *TINY, "--tokens", "2048", *extra])
+        identities[" ".join(extra)] = runs.run_identity(args, meta, runs.plan_run(args, meta, 1))
+    assert identities[""][1] == identities[f"--data-order {dataloader.ROW_ORDER_SEED}"][1]
+    assert "data_order" not in identities[""][0] and identities["--data-order 7"][0]["data_order"] == 7
+    default, other = (dataloader.RowLoader(sample_data, "train", 4, order_seed=seed).order(0)
+                      for seed in (dataloader.ROW_ORDER_SEED, 7))
+    assert sorted(default) == sorted(other) and list(default) != list(other)
