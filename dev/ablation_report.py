@@ -131,10 +131,11 @@ def best_width_deltas(base, variant, r):
     return points
 
 
-def plot_differences(base, variant, name, retrain, path):
-    """fit/ablation.png: a panel per looped r, the variant's best-width loss minus the base's at each budget, over
-    a grey band of what retraining alone moves a run of that r (noise_floor: the median and the largest |delta|).
-    A point inside the band is not a signal."""
+def plot_differences(base, variant, name, retrain, path, pairs):
+    """fit/ablation.png: a panel per looped r, every paired cell's difference (variant - base, the mean over its
+    seeds, a bar of +-1 seed sd where it has two or more; widths side by side at each budget) and the best-width
+    difference per budget, over a grey band of what retraining alone moves a run of that r (noise_floor: the
+    median and the largest |delta|). A point inside the band is not a signal; the verdict line says what is."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -149,6 +150,7 @@ def plot_differences(base, variant, name, retrain, path):
                 label = f"a retrain alone: |Δ| {what} {level:.3f}"
                 ax.axhspan(-level, level, color="grey", alpha=shade, lw=0, label=label)
         ax.axhline(0, color="black", lw=0.8)
+        draw_cells(ax, {cell: by_seed for cell, by_seed in pairs.items() if cell[1] == r})
         points = best_width_deltas(base, variant, r)
         budgets_here = [budget for budget, _ in points]
         deltas = [delta for _, delta in points]
@@ -161,11 +163,27 @@ def plot_differences(base, variant, name, retrain, path):
         ax.set_title(f"r = {r}", fontsize=10)
         ax.set_xlabel("budget C (FLOPs)")
         ax.legend(fontsize=7, loc="best")
-    axes[0][0].set_ylabel("Δ best-width val loss (nats/token)")
-    fig.suptitle(f"{name} − base at each budget's best width", fontsize=10)
+    axes[0][0].set_ylabel("Δ val loss (nats/token)")
+    fig.suptitle(f"{name} − base: every cell (its seeds) and each budget's best width", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def draw_cells(ax, pairs):
+    """Every cell of one r: the mean difference over its seeds at its budget (shifted by width, narrowest left)
+    with a bar of +-1 seed sd where it has two or more seeds."""
+    widths = sorted({d for _, _, d in pairs})
+    label = "a cell (± seed sd)"  # in the legend once
+    for (budget, _, d), by_seed in sorted(pairs.items()):
+        shift = 1.06 ** (widths.index(d) - (len(widths) - 1) / 2)
+        values = list(by_seed.values())
+        bar = 0.0
+        if len(values) > 1:
+            bar = statistics.stdev(values)
+        ax.errorbar(budget * shift, statistics.fmean(values), yerr=bar, fmt="s", ms=3, color="tab:orange",
+                    alpha=0.7, capsize=2, label=label)
+        label = None
 
 
 def rows_in_cells(rows, variant_rows):
@@ -494,13 +512,20 @@ def replicates(first, folder_of):
     return found
 
 
-def verdict_section(out, name):
-    """(lines, {label: verdict}): the verdict per looped r and pooled, from every replicate both arms have."""
+def pairs_of(out):
+    """The arm's paired differences over every replicate both arms have (nanoloop/verdict.paired_differences)."""
     variant = replicates(out, lambda i: out.parent / f"{out.name}-seed{i}")
     base = replicates(BASE, lambda i: RESULTS / BASE_SEED_GRID.format(i))
-    verdicts = verdicts_by_r(paired_differences(base, variant))
+    return paired_differences(base, variant)
+
+
+def verdict_section(out, name):
+    """(lines, {label: verdict}): the verdict per looped r and pooled, from every replicate both arms have."""
+    pairs = pairs_of(out)
+    verdicts = verdicts_by_r(pairs)
+    seeds = max((len(by_seed) for by_seed in pairs.values()), default=0)
     head = (f"verdict: {name} minus base, validation loss (nats/token), paired by cell and seed over "
-            f"{min(len(base), len(variant))} seed(s): mean and 95% CI (t-interval, nanoloop/verdict.py)\n")
+            f"{seeds} seed(s): mean and 95% CI (t-interval, nanoloop/verdict.py)\n")
     return [head] + [verdict_line(label, v) for label, v in verdicts.items()], verdicts
 
 
@@ -571,7 +596,7 @@ def report(out, variant_rows):
     print(delta_phi_line("layout-matched r = 1", out / "fit" / "compare_layout.json"))
     print(delta_phi_line("plain r = 1", out / "fit" / "compare.json"))
     (out / "fit").mkdir(exist_ok=True)
-    plot_differences(base, looped, name, retrain, out / "fit" / "ablation.png")
+    plot_differences(base, looped, name, retrain, out / "fit" / "ablation.png", pairs_of(out))
     print(f"\n(c) wrote {out / 'fit' / 'ablation.png'}")
 
 
