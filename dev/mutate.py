@@ -302,7 +302,7 @@ MUTATIONS = [
       ("tests/test_verdict.py -k t_interval_of_the_seed_spread",),
       "the CI's noise is the seeds' spread within cells: more seeds narrow it"),
     M("verdict_unpaired", "nanoloop/verdict.py",
-      "pairs.setdefault(cell, {})[replicate] = float(row[\"val_loss\"]) - base[cell]",
+      "pairs.setdefault(cell, {})[replicate] = float(row[\"val_loss\"]) - float(base[cell][\"val_loss\"])",
       "pairs.setdefault(cell, {})[replicate] = float(row[\"val_loss\"]) - {cell_of(r): float(r[\"val_loss\"]) "
       "for r in base_replicates[0]}[cell]",
       ("tests/test_verdict.py -k pairing_cancels",), "variant and base are paired by cell and seed"),

@@ -25,6 +25,7 @@ from diagnose_report import load  # dev/'s one JSONL reader
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nanoloop.eval_tasks import category_losses, read_categories  # noqa: E402
 from nanoloop.laws import ci_bounds_reached, estimate_text  # noqa: E402
+from nanoloop.verdict import paired_differences, verdicts_by_r  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # grid folder, label, the paper's phi for it (iso-depth §4.2 and §5)
@@ -96,6 +97,27 @@ def phi_table():
     for grid, label, paper in GRIDS:  # the case studies against the layout-matched anchor
         if grid in CASE_STUDIES and (cmp := read_json(RESULTS / grid / "fit" / "compare_layout.json")):
             lines.append(phi_row(f"{label}, layout-matched r = 1", paper, cmp["compare"], cmp))
+    return lines
+
+
+# the arms the verdict table pairs with the base, run for run (the lr arm retrains r = 2 and 4 only)
+VERDICT_GRIDS = ["cpu-micro-lr", "cpu-micro-trunc", "cpu-micro-hyper", "cpu-micro-gated", "cpu-micro-untied"]
+
+
+def verdict_table():
+    """Each arm against the base, cell by cell (nanoloop/verdict.py): per looped r and pooled, the word, the mean
+    validation-loss difference (arm - base, nats/token) and its 95% CI. One seed per cell, so the CI comes from
+    the spread across cells."""
+    labels = dict((grid, label) for grid, label, _ in GRIDS)
+    base = load_rows("cpu-micro")
+    lines = ["| arm | r = 2 | r = 4 | r = 8 | all r |", "|---|---|---|---|---|"]
+    for grid in VERDICT_GRIDS:
+        verdicts = verdicts_by_r(paired_differences([base], [load_rows(grid)]))
+        cells = []
+        for label in ("r = 2", "r = 4", "r = 8", "all r"):
+            v = verdicts.get(label)
+            cells.append("-" if v is None else f"{v['word']}: {v['mean']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]")
+        lines.append(f"| {labels[grid]} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -299,6 +321,8 @@ def main():
         return
     best, full = loss_tables()
     print("phi per grid\n" + "\n".join(phi_table()))
+    print("\neach arm against the base, run for run: verdict, mean Δ val loss (nats/token) and 95% CI\n" +
+          "\n".join(verdict_table()))
     print("\nbest width per (budget, column): val loss (nats/token) and d\n" + "\n".join(best))
     print("\nevery run: val loss (nats/token)\n" + "\n".join(full))
     if (EVAL_CORE / "fit").is_dir():

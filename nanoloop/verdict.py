@@ -34,16 +34,18 @@ def paired_differences(base_replicates, variant_replicates, looped_only=True):
     """{(budget, r, d): {replicate: variant val loss - base val loss}} over the (cell, replicate) pairs both arms
     trained. A replicate is one list of rows per seed of the harness (dev/ablate.sh --seeds: replicate i of the
     base trained with seed i, of the variant with its own seed + i), so a variant that only changes the seed is a
-    null ablation. r = 1 is left out by default: an ablation leaves the r = 1 runs as they are (a difference of 0)."""
+    null ablation. r = 1 is left out by default (an ablation leaves the r = 1 runs as they are), and so is a run
+    both arms share (the same run_id, reused): its difference of 0 is not a measurement."""
     pairs = {}
     for replicate, (base_rows, variant_rows) in enumerate(zip(base_replicates, variant_replicates)):
-        base = {cell_of(row): float(row["val_loss"]) for row in base_rows}
+        base = {cell_of(row): row for row in base_rows}
         for row in variant_rows:
             cell = cell_of(row)
             if looped_only and cell[1] == 1:
                 continue
-            if cell in base:
-                pairs.setdefault(cell, {})[replicate] = float(row["val_loss"]) - base[cell]
+            if cell not in base or row.get("run_id", "variant") == base[cell].get("run_id", "base"):
+                continue  # not trained by the base, or the same run in both arms (reused): no comparison
+            pairs.setdefault(cell, {})[replicate] = float(row["val_loss"]) - float(base[cell]["val_loss"])
     return pairs
 
 

@@ -25,6 +25,16 @@ LAYOUT_COMPARES = sorted(path for path in (ROOT / "dev" / "results").glob("cpu-m
                          if not path.parts[-3].endswith("-quick") and not (path.parent / "untied_anchored.jsonl").exists())
 
 
+def test_readme_verdict_table_is_the_committed_rows():
+    """README's table of each arm against the base, run for run (dev/study_tables.py, nanoloop/verdict.py)."""
+    out = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py")], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    table = out.split("each arm against the base, run for run")[1].split("\n\n")[0].splitlines()[1:]
+    assert len(table) == 2 + 5 and table[3].startswith("| truncated BPTT") and "| better: " in table[3]
+    readme = (ROOT / "README.md").read_text().splitlines()
+    assert all(line in readme for line in table), table
+
+
 def test_readme_phi_table_is_the_committed_fits():
     out = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py")], capture_output=True, text=True,
                          check=True, timeout=60).stdout

@@ -102,3 +102,12 @@ def test_the_r1_runs_an_ablation_leaves_alone_are_not_pairs():
     base = [[row((1.1e12, 1, 16), 5.1), row((1.1e12, 4, 16), 5.2)]]
     variant = [[row((1.1e12, 1, 16), 5.1), row((1.1e12, 4, 16), 5.15)]]
     assert list(paired_differences(base, variant)) == [(1.1e12, 4, 16)]
+
+
+def test_a_run_both_arms_share_is_not_a_pair():
+    """The lr arm retrains r = 2 and 4 and reuses the base's r = 8 runs: a reused run (the same run_id) differs
+    by 0 by construction, and counting it would narrow the CI with no measurement behind it."""
+    shared = row((1.1e12, 8, 16), 5.3) | {"run_id": "a"}
+    retrained = row((1.1e12, 4, 16), 5.2) | {"run_id": "b"}
+    variant = [shared, row((1.1e12, 4, 16), 5.1) | {"run_id": "c"}]
+    assert list(paired_differences([[shared, retrained]], [variant])) == [(1.1e12, 4, 16)]
