@@ -10,7 +10,8 @@ Export a finished run as a Hugging Face model folder that transformers and lm-ev
     new = model.generate(**tokenizer(["The history of"], return_tensors="pt"), max_new_tokens=32, do_sample=False)
 
 DIR gets config.json (the run's flops.ModelConfig fields, and num_loops: the loop count of forward() and
-generate(), the trained r unless from_pretrained(..., num_loops=k) says otherwise), model.safetensors (GPT's
+generate(), the trained r, or for a run trained at sampled loop counts the whole count nearest their mean, unless
+from_pretrained(..., num_loops=k) says otherwise), model.safetensors (GPT's
 own parameter names under "gpt."), the tokenizer (tokenizer.json: the run's BPE or SentencePiece model, the same
 ids as dataloader.Tokenizer, BOS first as every training document starts) and the remote code: model.py and the
 project modules it imports, found by following the imports and copied with those imports made package-relative,
@@ -42,6 +43,7 @@ from pathlib import Path
 from nanoloop import common
 from nanoloop.common import DataError
 from nanoloop.dataloader import BOS_TOKEN, EXTRA_TOKEN, SPLIT_PATTERN, read_meta
+from nanoloop.loops import mean_loops
 from nanoloop.runs import check_run, load_run_model
 
 ROOT = Path(__file__).resolve().parent
@@ -278,7 +280,7 @@ def config_json(run, model, meta):
     return {"model_type": "nanoloop", "architectures": ["NanoloopForCausalLM"],
             "auto_map": {"AutoConfig": f"{WRAPPER}.NanoloopConfig",
                          "AutoModelForCausalLM": f"{WRAPPER}.NanoloopForCausalLM"},
-            "nanoloop": dataclasses.asdict(cfg), "num_loops": cfg.r,
+            "nanoloop": dataclasses.asdict(cfg), "num_loops": mean_loops(run["loops"], cfg.r),  # sampled: E[T]
             "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_attention_heads": cfg.n_head,
             "max_position_embeddings": cfg.seq_len,  # GPT.forward refuses longer inputs; generate() goes past it
             "bos_token_id": bos, "eos_token_id": bos, "pad_token_id": bos,  # a document ends where the next BOS starts

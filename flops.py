@@ -299,10 +299,13 @@ def peak_flops(device_name):
     return None
 
 
-def mfu(cfg, tokens_per_s, n_gpus, device_name):
-    """Model FLOPs utilisation with the same F as the budget; None when the peak is unknown (CPU)."""
+def mfu(cfg, tokens_per_s, n_gpus, device_name, per_token=None):
+    """Model FLOPs utilisation with the same F as the budget (per_token: another F, a sampled loop count's);
+    None when the peak is unknown (CPU)."""
     peak = peak_flops(device_name)
-    return None if peak is None else flops_per_token(cfg) * tokens_per_s / (n_gpus * peak)
+    if per_token is None:
+        per_token = flops_per_token(cfg)
+    return None if peak is None else per_token * tokens_per_s / (n_gpus * peak)
 
 
 def summary(cfg, flops=None, batch_tokens=BATCH_TOKENS, phi=None):

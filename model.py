@@ -423,12 +423,14 @@ class GPT(nn.Module):
                          + self.hc_beta[step].float()[:, None] @ s.float().reshape(1, -1))
         return lanes.sum(0).view(shape)
 
-    def forward(self, idx, targets=None, r=None):
+    def forward(self, idx, targets=None, r=None, r_bwd=None):
         """idx (B, T) token ids. Returns mean cross-entropy (nats/token) if targets are given, else fp32 logits
-        (B, T, vocab). `r` overrides the loop count (only r = the trained r keeps its truncation, r_bwd)."""
+        (B, T, vocab). `r` overrides the loop count (only r = the trained r keeps its truncation, r_bwd); `r_bwd`
+        sets the loops with gradient for it (a sampled loop count's step, nanoloop/loops.py)."""
         cfg = self.cfg
         r = cfg.r if r is None else r
-        r_bwd = cfg.r_bwd if r == cfg.r else r
+        if r_bwd is None:
+            r_bwd = cfg.r_bwd if r == cfg.r else r
         if idx.size(1) > self.rope_cos.size(0):
             raise ValueError(f"sequence of {idx.size(1)} tokens is longer than seq_len={self.rope_cos.size(0)}")
         h = self.final_hidden(idx, r, r_bwd, (self.rope_cos, self.rope_sin))

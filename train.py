@@ -8,12 +8,12 @@ Horizon: --flops C (steps = round(C / (F B)), the sweep's mode), --tokens or --t
 required (the GPU default, 20 tokens per parameter in 262,144-token steps, is hours there). Recipe (--recipe,
 nanoloop/recipe.py): MuonH for block matrices, AdamW for the rest, LRs transferred across width, batch and horizon.
 The run's identity and run_id (nanoloop/runs.py) go into --out's run.json, ckpt.pt and final.json and into the row
-appended to --results (before final.json). Top to bottom: main (flags, identity, what the folder holds, the
-lock), setup (devices, model, optimisers, resume, data), train_loop, finish (checkpoint, validation, the row).
-Exit: 0 trained / "already done:" / "reused:" / "restored:"; 2 bad input or another run's files; 1 diverged
-(no row) or a write failed (the last checkpoint is kept); 75 "busy:" (--out locked by a live process); 143
-stopped by SIGINT/SIGTERM, the last finished step checkpointed (--resume continues it exactly); 130 a second
-Ctrl-C while stopping (at once; ckpt.pt stays the last one written whole).
+appended to --results (before final.json). Top to bottom: main (flags, identity, what the folder holds, the lock),
+setup (devices, model, optimisers, resume, data), train_loop, finish (checkpoint, validation, the row). Exit: 0
+trained / "already done:" / "reused:" / "restored:"; 2 bad input or another run's files; 1 diverged (no row) or a
+write failed (the last checkpoint is kept); 75 "busy:" (--out locked by a live process); 143 stopped by
+SIGINT/SIGTERM, the last finished step checkpointed (--resume continues it exactly); 130 a second Ctrl-C while
+stopping (at once; ckpt.pt stays the last one written whole).
 """
 import contextlib
 import fcntl
@@ -37,10 +37,11 @@ from nanoloop.averaging import weight_average
 from nanoloop.common import DataError, append_row, atomic_write
 from nanoloop.dataloader import load_tokenizer, read_meta
 from nanoloop.engine import print_samples
+from nanoloop.loops import backward_loops, draw, step_text
 from nanoloop.recipe import DEFAULT_TOKENS_PER_PARAM, lr_multiplier
 from nanoloop.runs import (Run, compile_or_eager, cpu_threads, eager_blocks, finished_row, load_run_model, open_loaders,
-                           open_outputs, plan_run, restore_checkpoint, results_row, run_identity, save_checkpoint,
-                           settle, train_parser)
+                           open_outputs, plan_run, restore_checkpoint, results_row, run_identity, run_summary,
+                           save_checkpoint, settle, train_parser)
 
 # SIGTERM/SIGINT (preemption, timeout, Ctrl-C) set this event (stop_requested). One process stops at its next
 # micro-batch, dropping a step that gradient accumulation can make minutes long. Under torchrun the ranks agree
@@ -120,8 +121,8 @@ def main(argv=None):
         except BlockingIOError:
             print(f"busy: {out} is being trained by another process")
             return 75
-        run = Run(args, meta, cfg, plan.recipe, plan.horizon, plan.device_batch, identity, run_id, run_name, out,
-                  results, tokenizer)
+        run = Run(args, meta, cfg, plan.recipe, plan.horizon, plan.loops, plan.device_batch, identity, run_id,
+                  run_name, out, results, tokenizer)
         return train(run)
 
 
@@ -278,6 +279,7 @@ def train_step(run, step, grad_accum):
     """One optimiser step over grad_accum micro-batches at the scheduled LR; the loss averaged over ranks. On one
     process a stop between two micro-batches drops the step: (None, lr_mult)."""
     lr_mult = lr_multiplier(step, run.horizon.steps, run.args.final_lr_frac, run.recipe.warmup_frac, run.recipe.decay)
+    r = draw(run.loops, run.args.seed, step, run.cfg.r)  # --loops: this step's T, the same on every rank
     for opt in run.optimizers:
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * lr_mult
@@ -297,7 +299,8 @@ def train_step(run, step, grad_accum):
             sync = run.ddp_model.no_sync()  # gradients are all-reduced once per step, on the last micro-batch
         with sync:
             with run.autocast:
-                loss = run.ddp_model(x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True))
+                loss = run.ddp_model(x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True), r=r,
+                                     r_bwd=backward_loops(run.loops, run.cfg, r))
             (loss / grad_accum).backward()
         loss_sum += loss.detach()
     return all_reduce_mean((loss_sum / grad_accum).item(), run.device), lr_mult
@@ -306,7 +309,7 @@ def train_step(run, step, grad_accum):
 def train_loop(run):
     """Train to run.horizon.steps. Returns None when done, else the exit code (1 diverged, 143 interrupted)."""
     args, progress = run.args, run.progress
-    run.summary = flops.summary(run.cfg, args.flops, run.horizon.batch_tokens)
+    run.summary = run_summary(run)  # F: the expectation over sampled loop counts
     run.device_name = torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else "cpu"
     grad_accum = print_header(run)
     diverged_above = math.log(run.cfg.vocab_size) + DIVERGED_NATS
@@ -368,7 +371,8 @@ def log_progress(run, lr_mult):
     """One log.jsonl record and one progress line (tokens/s, GFLOP/s, MFU, ETA)."""
     progress, tokens_per_s = run.progress, run.progress["tokens_per_s"]
     eta = (run.horizon.steps - progress["step"]) * run.horizon.batch_tokens / tokens_per_s
-    mfu = flops.mfu(run.cfg, tokens_per_s, WORLD, run.device_name)
+    mfu = flops.mfu(run.cfg, tokens_per_s, WORLD, run.device_name, run.summary["flops_per_token"])
+    loops_text = step_text(run.loops, run.cfg, run.args.seed, progress["step"] - 1)  # --loops: the last step's T
     record = {"step": progress["step"], "steps": run.horizon.steps, "loss": progress["train_loss"], "lr_mult": lr_mult,
               "tokens_per_s": tokens_per_s, "mfu": mfu, "train_row": run.train_loader.row,
               "elapsed_s": progress["wall_s"] + time.time() - run.t_start}
@@ -377,7 +381,8 @@ def log_progress(run, lr_mult):
     eta_text = f"{eta:.0f}s" if eta < 90 else f"{eta / 60:.1f}m"
     gflops = run.summary["flops_per_token"] * tokens_per_s / 1e9
     print(f"step {progress['step']:>6}/{run.horizon.steps} | loss {progress['train_loss']:.4f} | lrm {lr_mult:.3f} | "
-          f"{tokens_per_s:,.0f} tok/s | {gflops:,.1f} GFLOP/s | mfu {mfu_text} | eta {eta_text}", flush=True)
+          f"{tokens_per_s:,.0f} tok/s | {gflops:,.1f} GFLOP/s | mfu {mfu_text} | eta {eta_text}" + loops_text,
+          flush=True)
 
 
 def all_reduce_mean(value, device):

@@ -296,6 +296,18 @@ MUTATIONS = [
       "if append_row(args.results, row):",
       ("tests/test_evaluate.py::test_concurrent_evaluations_of_one_run_write_each_row_once",),
       "concurrent evaluations write each (run, task, r, shots) row once"),
+    # ---- nanoloop/loops.py: sampled recurrence depth (train.py --loops) ----
+    M("loops_drawn_per_rank", "nanoloop/loops.py", 'u = random.Random(f"nanoloop-loops:{seed}:{step}").random()',
+      'u = random.Random(f"nanoloop-loops:{seed}:{step}:{__import__(\'os\').environ.get(\'RANK\', 0)}").random()',
+      ("tests/test_loops.py -k every_rank_and_after_a_resume",), "one loop count per step, the same on every rank"),
+    M("loops_flops_at_the_nominal_r", "nanoloop/loops.py",
+      "    return sum(p * step_flops_per_token(cfg, loops, t) for t, p in pmf(loops, cfg.r).items())",
+      "    return flops.flops_per_token(cfg)",
+      ("tests/test_loops.py -k enumerated_distribution",),
+      "a budget buys steps at E[F(T, min(B, T))] of the capped distribution"),
+    M("loops_gradients_through_all", "nanoloop/loops.py", "    if loops.r_bwd:\n        return min(loops.r_bwd, t)",
+      "    if False:\n        return min(loops.r_bwd, t)",
+      ("tests/test_loops.py -k above_the_drawn_loops",), "gradients through the last min(B, T) loops"),
     # ---- nanoloop/verdict.py: an ablation's verdict (dev/ablation_report.py), nanoloop/averaging.py ----
     M("verdict_ci_ignores_seeds", "nanoloop/verdict.py", "    if df > 0:\n        squares",
       "    if False:\n        squares",

@@ -24,7 +24,7 @@ CORE_FILES = ("model.py", "train.py", "fit_laws.py", "prepare_data.py", "flops.p
               "nanoloop/dataloader.py", "nanoloop/common.py", "nanoloop/tracking.py", "nanoloop/plots.py",
               "nanoloop/sweep_state.py", "nanoloop/download.py", "nanoloop/fused_loss.py", "nanoloop/recipe.py",
               "nanoloop/truncate_law.py", "nanoloop/allocation.py", "nanoloop/engine.py", "nanoloop/averaging.py",
-              "nanoloop/verdict.py")
+              "nanoloop/verdict.py", "nanoloop/loops.py")
 MAX_FUNCTION_LINES = 60
 MANY_PARAMETERS = 7  # nanoGPT's and nanochat's model and training code have no function with this many
 COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import flops
 from nanoloop.common import DataError, finite_float, positive_float, positive_int
+from nanoloop.loops import expected_flops_per_token, loop_counts_from_args
 
 
 @dataclass(frozen=True)
@@ -110,8 +111,9 @@ def plan_horizon(args, cfg, recipe, strict=True):
     honour; a plan priced without its data's vocabulary and sequence length is not strict."""
     if sum(x is not None for x in (args.flops, args.tokens, args.tokens_per_param)) > 1:
         raise DataError("give only one of --flops, --tokens, --tokens-per-param")
+    loops = loop_counts_from_args(args)  # a sampled loop count: the budget buys steps at its expected F
     if args.flops is not None:
-        tokens, flag = args.flops / flops.flops_per_token(cfg), "--flops"
+        tokens, flag = args.flops / expected_flops_per_token(cfg, loops), "--flops"
     elif args.tokens is not None:
         tokens, flag = args.tokens, "--tokens"
     else:
@@ -121,9 +123,9 @@ def plan_horizon(args, cfg, recipe, strict=True):
     if recipe.batch_at_d0 is not None:
         batch_tokens = ladder_batch(tokens, recipe) * cfg.seq_len
         steps = ladder_steps(tokens, batch_tokens)
-    elif args.flops is not None:
+    elif args.flops is not None and loops.kind == "fixed":
         steps = flops.tokens_for_budget(cfg, args.flops, batch_tokens)["steps"]
-    else:
+    else:  # a token horizon, or a budget over sampled loop counts: round(C / (E[F] B))
         steps = max(1, round(tokens / batch_tokens))
     spent = steps * batch_tokens
     off = spent / tokens - 1  # the same for FLOPs: F is per token

@@ -25,6 +25,8 @@ import flops
 from nanoloop.common import (DataError, append_row, atomic_write, check_fields, count, load_json, positive_int,
                              positive_int_list)
 from nanoloop.dataloader import ROW_ORDER_SEED, RowLoader, data_identity, read_meta
+from nanoloop.loops import (LoopCounts, add_loop_args, expected_flops_per_token, expected_measured_flops,
+                            loop_counts_from_args, realised_flops_per_token)
 from nanoloop import tracking
 from model import GPT
 from muonh import GROUP_NAMES, RECIPE_GROUPS, add_lr_args, learning_rates, lr_settings
@@ -58,6 +60,7 @@ def train_parser(description=""):
     add_horizon_args(g)  # --flops C, --tokens D, --tokens-per-param, --batch-tokens B
     g.add_argument("--device-batch", type=count, default=0, help="rows per micro-batch per rank (0: auto, <= 16)")
     add_recipe_args(p)
+    add_loop_args(p)
     add_lr_args(p)
     g = p.add_argument_group("io and system")
     g.add_argument("--data", default="data/fineweb", help="directory written by prepare_data.py")
@@ -96,6 +99,7 @@ class RunPlan:
     recipe: Recipe
     horizon: Horizon                # steps, batch_tokens, tokens_target
     device_batch: int               # rows per micro-batch per rank
+    loops: LoopCounts               # the loop count per step (loops.py; fixed: cfg.r)
 
 
 def plan_run(args, meta, world):
@@ -121,7 +125,12 @@ def plan_run(args, meta, world):
         device_batch = max(b for b in range(1, 17) if rows_per_rank % b == 0)
     if rows_per_rank % device_batch:
         raise DataError(f"--device-batch {device_batch} does not divide the {rows_per_rank} rows per rank per step")
-    return RunPlan(cfg, recipe, horizon, device_batch)
+    loops = loop_counts_from_args(args)
+    if loops.kind != "fixed" and (cfg.injection in ("hyper", "none") or cfg.untied):
+        model = "the untied model" if cfg.untied else f"--injection {cfg.injection}"
+        raise DataError(f"--loops {loops.kind} draws a loop count per step, which needs one shared block and state "
+                        f"(injection linear, additive, gated or passthrough): not {model}")
+    return RunPlan(cfg, recipe, horizon, device_batch, loops)
 
 
 @dataclasses.dataclass
@@ -135,6 +144,7 @@ class Run:
     cfg: flops.ModelConfig
     recipe: Recipe                  # its batch rule and LR schedule (recipe.py)
     horizon: Horizon                # steps, batch_tokens, tokens_target
+    loops: LoopCounts               # the loop count of each step (loops.py; fixed: cfg.r)
     device_batch: int               # rows per micro-batch per rank (--device-batch, or plan_run's choice)
     identity: dict                  # what makes two runs the same run (runs.run_identity)
     run_id: str                     # its sha256
@@ -192,6 +202,8 @@ def run_identity(args, meta, plan):
                                 "decay": plan.recipe.decay}
         if plan.recipe.average_frac:  # only then: the schedules of earlier runs keep their run_ids
             identity["schedule"]["average_frac"] = plan.recipe.average_frac
+    if plan.loops.kind != "fixed":  # only then: every fixed run keeps its run_id
+        identity["loops"] = plan.loops.identity()
     if args.data_order != ROW_ORDER_SEED:  # only then: every earlier run read the default order
         identity["data_order"] = args.data_order
     identity = json.loads(json.dumps(identity))  # through JSON, so it compares equal to what files hold
@@ -300,6 +312,16 @@ def settle(out, run_id, identity, results, reuse_from, resume, rank=0):
     return "train", None
 
 
+def run_summary(run):
+    """flops.summary of the run's model; under sampled loop counts F is their expectation (what the budget
+    bought steps with) and the distribution is recorded (loops.py)."""
+    summary = flops.summary(run.cfg, run.args.flops, run.horizon.batch_tokens)
+    if run.loops.kind != "fixed":
+        summary["flops_per_token"] = expected_flops_per_token(run.cfg, run.loops)
+        summary["loops"] = run.loops.identity()
+    return summary
+
+
 def results_row(run, val_loss, extra_eval, world):
     """The results row of a finished run (train.py's Run, trained on `world` ranks): every ModelConfig field and
     count (flops.summary), the horizon, the losses, LRs, throughput, the data, the identity and its run_id; all
@@ -307,18 +329,21 @@ def results_row(run, val_loss, extra_eval, world):
     args, meta, progress = run.args, run.meta, run.progress
     n_tokens = run.horizon.steps * run.horizon.batch_tokens
     flops_actual = run.summary["flops_per_token"] * n_tokens  # forward + backward, what a budget prices
+    # what the drawn loops spent (a fixed run: F D again), and the measured compute at that F
+    realised = realised_flops_per_token(run.cfg, run.loops, args.seed, run.horizon.steps)
+    measured = expected_measured_flops(run.cfg, run.loops, n_tokens, run.horizon.steps)
     tokens_per_s = progress["tokens_per_s"]
     mfu = None
     if tokens_per_s:
-        mfu = flops.mfu(run.cfg, tokens_per_s, world, run.device_name)
+        mfu = flops.mfu(run.cfg, tokens_per_s, world, run.device_name, realised)
     data_keys = ("tokenizer_kind", "tokenizer_sha256", "vocab_size", "seq_len", "train_rows", "val_rows",
                  "train_tokens", "command")
     data_meta = {k: meta.get(k) for k in data_keys}
     data_meta["dir"] = str(Path(args.data).resolve())
     data_meta["epochs"] = run.train_loader.row / max(1, meta["train_rows"])
     return run.summary | dict(
-        tokens=n_tokens, steps=run.horizon.steps, flops_actual=flops_actual,
-        flops_measured=flops.measured_flops(run.cfg, n_tokens, run.horizon.steps), batch_tokens=run.horizon.batch_tokens,
+        tokens=n_tokens, steps=run.horizon.steps, flops_actual=flops_actual, flops_realised=realised * n_tokens,
+        flops_measured=measured, batch_tokens=run.horizon.batch_tokens,
         recipe=run.recipe.name, tokens_target=run.horizon.tokens_target, d0=run.recipe.d0,
         val_loss=val_loss, train_loss=progress["train_loss"], **extra_eval, eval_rows=run.identity["eval_rows"],
         seed=args.seed, tokens_per_s=tokens_per_s, mfu=mfu, wall_s=progress["wall_s"] + time.time() - run.t_start,
@@ -430,7 +455,8 @@ def check_run(path, data_dir=""):
     if sha != identity["data"]["tokenizer_sha256"]:
         raise DataError(f"{data_dir}: its tokenizer is not the one {path} was trained with (pass --data)")
     return {"dir": path, "name": path.name, "run_id": record["run_id"], "cfg": cfg, "data_dir": data_dir,
-            "tokenizer_sha256": sha, "dtype": identity["dtype"], "steps": final["steps"], "run_name": final.get("run")}
+            "tokenizer_sha256": sha, "dtype": identity["dtype"], "steps": final["steps"], "run_name": final.get("run"),
+            "loops": LoopCounts(**identity.get("loops", {}))}
 
 
 def cpu_threads(requested):

@@ -26,6 +26,7 @@ from pathlib import Path
 import flops
 from nanoloop.common import DataError, fail, one_line_errors, positive_int, read_rows
 from nanoloop.dataloader import read_meta
+from nanoloop.loops import add_loop_args, expected_flops_per_token, expected_measured_flops, loop_counts_from_args
 from nanoloop.recipe import add_horizon_args, add_recipe_args, plan_horizon, recipe_from_args
 
 # train.py's dtype "auto" is bf16 on GPU and fp32 on CPU, and the dtype is part of a run's identity: a row
@@ -81,7 +82,7 @@ def plan_runs(lines, data_dir, devices=DEVICES, world=1):
                 _, run_ids[device] = run_identity(args, meta, plan)
             except ValueError as e:
                 raise DataError(f"plan line {name}: {e}") from None
-        per_token = flops.flops_per_token(plan.cfg)
+        per_token = expected_flops_per_token(plan.cfg, plan.loops)
         horizon = plan.horizon
         planned.append(PlannedRun(name, run_ids, horizon.batch_tokens, per_token,
                                   per_token * horizon.steps * horizon.batch_tokens))
@@ -387,17 +388,19 @@ def achieved_rate(results):
 
 
 def plan_parser():
-    """The flags of a plan line that fix its cost: the model, the horizon and the recipe (train.py's own, from
-    flops.py and recipe.py; train-only flags such as --eval-rows are not its business and are passed over)."""
+    """The flags of a plan line that fix its cost: the model, the horizon, the recipe and the loop counts (train.py's
+    own, from flops.py, recipe.py and loops.py; train-only flags such as --eval-rows are passed over)."""
     parser = argparse.ArgumentParser(prog="flops.py --plan", add_help=False)
     flops.add_model_args(parser)
     add_horizon_args(parser)
     add_recipe_args(parser)
+    add_loop_args(parser)
     return parser
 
 
 def priced_line(parser, line, data_shape, strict):
-    """(name, cfg, Horizon, its recipe) of one "name|train.py flags" plan line; ValueError naming the line."""
+    """(name, cfg, Horizon, its recipe, its FLOP budget, its LoopCounts) of one "name|train.py flags" plan line;
+    ValueError naming the line."""
     name, _, flags = line.rstrip("\n").partition("|")
     args, _ = parser.parse_known_args(flags.split())
     if args.flops is None and args.tokens is None:
@@ -405,7 +408,7 @@ def priced_line(parser, line, data_shape, strict):
     try:
         cfg = flops.config_from_args(args, *data_shape)
         recipe = recipe_from_args(args)
-        return name, cfg, plan_horizon(args, cfg, recipe, strict), recipe, args.flops
+        return name, cfg, plan_horizon(args, cfg, recipe, strict), recipe, args.flops, loop_counts_from_args(args)
     except ValueError as e:
         raise ValueError(f"plan line {name!r}: {e}") from None
 
@@ -429,9 +432,10 @@ def price_plan(lines, data_dir, results, flops_per_s):
     print(f"{'run':<30}{'r':>3}{'r_bwd':>6}{'s':>9}{'C':>10}{'D/D0':>7}{'N':>15}{'tokens D':>16}{'batch':>8}"
           f"{'steps':>8}{'F*D':>11}{'measured':>11}")
     totals = [0.0, 0.0]
-    for name, cfg, horizon, recipe, budget in rows:
+    for name, cfg, horizon, recipe, budget, loops in rows:
         tokens = horizon.steps * horizon.batch_tokens
-        spent = [flops.flops_per_token(cfg) * tokens, flops.measured_flops(cfg, tokens, horizon.steps)]
+        per_token = expected_flops_per_token(cfg, loops)  # a sampled loop count: the expectation of F
+        spent = [per_token * tokens, expected_measured_flops(cfg, loops, tokens, horizon.steps)]
         totals = [a + b for a, b in zip(totals, spent)]
         budget_text, level = "-", f"{horizon.tokens_target / recipe.d0:g}"
         if budget is not None:  # a FLOP budget; D/D0 is for a token horizon

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,23 @@ def pytest_runtest_makereport(item, call):
         if not any(word in reason for word in GPU_SKIP):
             report.outcome = "failed"
             report.longrepr = f"skipped for a reason other than a missing GPU (not allowed): {reason}"
+
+
+def stop_train_after(monkeypatch, steps):
+    """Make train.py stop (as on SIGTERM) once `steps` optimiser steps are done: its next train.main returns 143
+    with the checkpoint of step `steps`. Returns the function that puts train.py back for the resume."""
+    import train
+    real_train_step = train.train_step
+
+    def stopping_train_step(run, step, grad_accum):
+        if step == steps:
+            train.STOP.set()
+        return real_train_step(run, step, grad_accum)
+
+    def put_back():
+        monkeypatch.setattr(train, "STOP", threading.Event())
+        monkeypatch.setattr(train, "train_step", real_train_step)
+
+    monkeypatch.setattr(train, "STOP", threading.Event())
+    monkeypatch.setattr(train, "train_step", stopping_train_step)
+    return put_back

@@ -3,7 +3,6 @@ Weight averaging (train.py --average-last FRAC, nanoloop/averaging.py): the run 
 mean of its weights over the last FRAC of the steps, MuonH's matrices back on their sphere; the run identity
 says so (and stays what it was without the flag); a resume inside the window continues the same mean.
 """
-import threading
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import torch
 from nanoloop import dataloader, runs
 from nanoloop.averaging import WeightAverage, weight_average
 import train
+from conftest import stop_train_after
 
 TINY = ["--scale", "1", "--head-dim", "16", "--depth", "6", "--prelude", "1", "--coda", "1",
         "--batch-tokens", "512", "--ref-batch", "512", "--eval-rows", "64", "--log-every", "1", "--r", "2",
@@ -77,18 +77,9 @@ def test_a_resume_inside_the_window_is_bit_identical_and_the_row_is_the_mean(sam
     unbroken, resumed, last = tmp_path / "unbroken", tmp_path / "resumed", tmp_path / "last"
     assert train.main(["--data", str(sample_data), "--out", str(unbroken), *TINY, "--average-last", "0.5"]) == 0
     assert train.main(["--data", str(sample_data), "--out", str(last), *TINY]) == 0
-    step_of_loop = train.train_step
-
-    def stop_after_step_7(run, step, grad_accum):  # step is 0-based: this is the 8th, inside the window (6-10)
-        if step == 7:
-            train.STOP.set()
-        return step_of_loop(run, step, grad_accum)
-
-    monkeypatch.setattr(train, "STOP", threading.Event())
-    monkeypatch.setattr(train, "train_step", stop_after_step_7)
+    put_back = stop_train_after(monkeypatch, 7)  # a checkpoint at step 7, inside the window (steps 6-10)
     assert train.main(["--data", str(sample_data), "--out", str(resumed), *TINY, "--average-last", "0.5"]) == 143
-    monkeypatch.setattr(train, "STOP", threading.Event())
-    monkeypatch.setattr(train, "train_step", step_of_loop)
+    put_back()
     assert train.main(["--data", str(sample_data), "--out", str(resumed), *TINY, "--average-last", "0.5",
                        "--resume"]) == 0
     ours, theirs, plain = final_state(unbroken), final_state(resumed), final_state(last)
