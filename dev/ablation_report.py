@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import flops  # noqa: E402
 from nanoloop.common import DataError, fail, one_line_errors, positive_int  # noqa: E402
 from nanoloop.laws import ci_bounds_reached, estimate_text, is_untied  # noqa: E402 (the one way a CI is printed)
+from nanoloop.loops import check_loops_fit, loop_counts_from_args  # noqa: E402
 from nanoloop.sweep_state import duration, parse_flags  # noqa: E402
 from nanoloop.verdict import expected_half_width, paired_differences, verdict_line, verdicts_by_r  # noqa: E402
 
@@ -256,8 +257,9 @@ def model_refusal(parser, name, args):
     The data's vocabulary and sequence length do not decide whether a loop flag applies: the defaults stand in."""
     parsed = parse_flags(parser, name, args)
     try:
-        flops.config_from_args(parsed, parsed.vocab_size or flops.ModelConfig.vocab_size,
-                               parsed.seq_len or flops.ModelConfig.seq_len)
+        cfg = flops.config_from_args(parsed, parsed.vocab_size or flops.ModelConfig.vocab_size,
+                                     parsed.seq_len or flops.ModelConfig.seq_len)
+        check_loops_fit(loop_counts_from_args(parsed), cfg)  # --loops: a loop count per step needs a loop
     except ValueError as e:
         return str(e)
     return None

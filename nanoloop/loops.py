@@ -74,6 +74,20 @@ def loop_counts_from_args(args):
     return LoopCounts("poisson-lognormal", mean=args.loops_mean, low=1, high=args.loops_max, r_bwd=r_bwd)
 
 
+def check_loops_fit(loops, cfg):
+    """ValueError (one line) unless the model can run any drawn loop count: one shared block and one state (not
+    hyperconnections' per-step lanes, the untied model's per-loop blocks or the plain r = 1 stack)."""
+    if loops.kind == "fixed" or (cfg.injection not in ("hyper", "none") and not cfg.untied):
+        return
+    model = f"--injection {cfg.injection}"
+    if cfg.untied:
+        model = "the untied model"
+    if cfg.injection == "none":
+        model = "the plain r = 1 stack"
+    raise ValueError(f"--loops {loops.kind} draws a loop count per step, which needs one shared block and state "
+                     f"(injection linear, additive, gated or passthrough): not {model}")
+
+
 def poisson_lognormal(k, mean):
     """P(K = k) for K ~ Poisson(lam), ln lam ~ N(ln(mean) - SIGMA^2 / 2, SIGMA): the normal integral by Simpson's
     rule in the standard normal variable z."""

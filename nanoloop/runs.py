@@ -25,8 +25,8 @@ import flops
 from nanoloop.common import (DataError, append_row, atomic_write, check_fields, count, load_json, positive_int,
                              positive_int_list)
 from nanoloop.dataloader import ROW_ORDER_SEED, RowLoader, data_identity, read_meta
-from nanoloop.loops import (LoopCounts, add_loop_args, expected_flops_per_token, expected_measured_flops,
-                            loop_counts_from_args, realised_flops_per_token)
+from nanoloop.loops import (LoopCounts, add_loop_args, check_loops_fit, expected_flops_per_token,
+                            expected_measured_flops, loop_counts_from_args, realised_flops_per_token)
 from nanoloop import tracking
 from model import GPT
 from muonh import GROUP_NAMES, RECIPE_GROUPS, add_lr_args, learning_rates, lr_settings
@@ -126,10 +126,7 @@ def plan_run(args, meta, world):
     if rows_per_rank % device_batch:
         raise DataError(f"--device-batch {device_batch} does not divide the {rows_per_rank} rows per rank per step")
     loops = loop_counts_from_args(args)
-    if loops.kind != "fixed" and (cfg.injection in ("hyper", "none") or cfg.untied):
-        model = "the untied model" if cfg.untied else f"--injection {cfg.injection}"
-        raise DataError(f"--loops {loops.kind} draws a loop count per step, which needs one shared block and state "
-                        f"(injection linear, additive, gated or passthrough): not {model}")
+    check_loops_fit(loops, cfg)
     return RunPlan(cfg, recipe, horizon, device_batch, loops)
 
 

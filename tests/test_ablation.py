@@ -185,7 +185,8 @@ def ablate(*args, **env):
     (["--random-state-init"], []),  # flops.ModelConfig refuses it for the plain r = 1 stack: no state to draw
     (["--r-bwd", "2", "--lr-norm", "0.1"], ["--lr-norm", "0.1"]),  # a loop flag beside one that changes r = 1 too
     (["--injection", "gated"], ["--injection", "gated"]),  # the plain stack has no injection: r = 1 stays the same run
-], ids=["random-state-init", "r-bwd-with-an-lr", "gated"])
+    (["--loops", "uniform", "--loops-max", "6"], ["--loops-max", "6"]),  # no loop to sample at r = 1 (nanoloop/loops.py)
+], ids=["random-state-init", "r-bwd-with-an-lr", "gated", "sampled-loops"])
 def test_a_loop_flag_that_means_nothing_at_r1_is_not_given_to_the_r1_runs(flags, r1_takes):
     kept, left_out = ablation_report.r1_flags(grid_lines(*QUICK), flags)
     assert [token for group in kept for token in group] == r1_takes
