@@ -2,8 +2,8 @@
 A trained looped model at test time: its validation loss at a list of loop counts (the iso-depth paper's App. A,
 Parcae's test-time curve), and under adaptive exit (model.ExitRule: each token loops until its next-token
 distribution or its state settles) at several thresholds, against the mean loops each token actually ran. Rows to
-OUT/loops.jsonl, the figure to OUT/loops.png: loss against test-time loops (one line per trained r, r_bwd and
-injection, each run's loss relative to its own at its trained r, averaged over the runs given) and loss against
+OUT/loops.jsonl, the figure to OUT/loops.png: loss against test-time loops (one line per trained r, r_bwd,
+injection and loop-count distribution (train.py --loops), each run's loss relative to its own at its trained r, averaged over the runs given) and loss against
 the mean loops spent, adaptive beside fixed, for one run of each trained r.
 
     python dev/loop_curves.py runs/cpu-truncate-or-not --loops 1,2,3,4,6,8,12,16 --out dev/results/loop-curves
@@ -87,26 +87,38 @@ def adaptive_loss(model, batches, rule):
     return sum(losses) / len(losses), sum(loops) / len(loops)
 
 
+def loops_label(loops):
+    """How the run drew its loop counts in training (train.py --loops): "" for a fixed r."""
+    if loops.kind == "fixed":
+        return ""
+    backward = f", B {loops.r_bwd}" if loops.r_bwd else ""
+    if loops.kind == "uniform":
+        return f"T uniform {loops.low}-{loops.high}{backward}"
+    return f"T Poisson log-normal, mean {loops.mean:g}{backward}"
+
+
 def describe(run, model):
     cfg = model.cfg
     final = json.loads((run["dir"] / "final.json").read_text())
     return {"run_id": run["run_id"], "run": run["name"], "r": cfg.r, "r_bwd": cfg.r_bwd, "injection": cfg.injection,
-            "untied": cfg.untied, "d_model": cfg.d_model, "n_params": final.get("n_params"),
+            "untied": cfg.untied, "loops": loops_label(run["loops"]), "d_model": cfg.d_model,
+            "n_params": final.get("n_params"),
             "val_loss_trained": final["val_loss"], "budget": final.get("flops_budget") or final.get("tokens_target")}
 
 
 def pick_adaptive(entries, which):
-    """The runs adaptive exit is measured on: all, or per trained r the one with the lowest trained loss; never a
-    hyperconnected run (model.adaptive_recurrence exits a token's state, which its lanes are not), chosen up front
-    so that a mixed sweep is not refused after its fixed curves."""
+    """The runs adaptive exit is measured on: all, or per architecture (trained r, r_bwd, injection, loop-count
+    distribution: arch) the one with the lowest trained loss; never a hyperconnected run (model.adaptive_recurrence
+    exits a token's state, which its lanes are not), chosen up front so that a mixed sweep is not refused after
+    its fixed curves."""
     exitable = [entry for entry in entries if entry["info"]["injection"] != "hyper"]
     if which == "all":
         return {entry["run"]["run_id"] for entry in exitable}
     best = {}
-    for entry in exitable:
-        r, loss = entry["info"]["r"], entry["info"]["val_loss_trained"]
-        if r > 1 and (r not in best or loss < best[r][0]):
-            best[r] = (loss, entry["run"]["run_id"])
+    for entry in exitable:  # per architecture: trained r, r_bwd, injection and loop-count distribution
+        key, loss = arch(entry["info"]), entry["info"]["val_loss_trained"]
+        if entry["info"]["r"] > 1 and (key not in best or loss < best[key][0]):
+            best[key] = (loss, entry["run"]["run_id"])
     return {run_id for _, run_id in best.values()}
 
 
@@ -145,7 +157,8 @@ R_COLORS = {1: "black", 2: "tab:blue", 4: "tab:orange", 8: "tab:green", 16: "tab
 
 def arch(row):
     untied = ", untied" if row["untied"] else ""
-    return f"r={row['r']} bwd={row['r_bwd']} {row['injection']}{untied}"
+    sampled = f", {row['loops']}" if row.get("loops") else ""
+    return f"r={row['r']} bwd={row['r_bwd']} {row['injection']}{untied}{sampled}"
 
 
 def plot(rows, path):
