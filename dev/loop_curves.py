@@ -2,9 +2,9 @@
 A trained looped model at test time: its validation loss at a list of loop counts (the iso-depth paper's App. A,
 Parcae's test-time curve), and under adaptive exit (model.ExitRule: each token loops until its next-token
 distribution or its state settles) at several thresholds, against the mean loops each token actually ran. Rows to
-OUT/loops.jsonl, the figure to OUT/loops.png: loss against test-time loops (one line per trained r, r_bwd,
-injection and loop-count distribution (train.py --loops), each run's loss relative to its own at its trained r, averaged over the runs given) and loss against
-the mean loops spent, adaptive beside fixed, for one run of each trained r.
+OUT/loops.jsonl, the figure to OUT/loops.png: loss against test-time loops (one line per trained r, r_bwd, injection
+and loop-count distribution (train.py --loops), each run's loss relative to its own at its trained r, averaged over
+the runs given) and loss against the mean loops spent, adaptive beside fixed, for one run of each trained r.
 
     python dev/loop_curves.py runs/cpu-truncate-or-not --loops 1,2,3,4,6,8,12,16 --out dev/results/loop-curves
     python dev/loop_curves.py RUN --exit kl,latent --thresholds 1e-4,1e-3,1e-2 --out /tmp/one  # adaptive too
