@@ -212,13 +212,15 @@ NOISE = RESULTS / "cpu-micro-noise"  # dev/noise.sh: seeds x candidate recipes a
 
 
 def noise_runs():
-    """{(recipe, budget, r, d): {seed: val loss}} of dev/noise.sh's rows (the recipe and seed from the folder name
-    it gives each run: r4_s0.25_C1.1e12_cosine_seed2_micro)."""
+    """{(recipe, budget, r, d): {replicate: val loss}} of dev/noise.sh's rows (the recipe and replicate from the
+    folder name it gives each run: r4_s0.25_C1.1e12_cosine_seed2_micro; the "order" recipe's replicate i is the
+    data order i + 1 at seed 0)."""
     found = {}
     for row in load(NOISE / "results.jsonl"):
-        recipe = Path(row["out"]).name.split("_")[3]
+        parts = Path(row["out"]).name.split("_")  # r4, s0.25, C1.1e12, recipe, seed<i>, micro
+        recipe, replicate = parts[3], int(parts[4].removeprefix("seed"))  # "order": the data order's index
         cell = (recipe, row["flops_budget"], row["r"], row["d_model"])
-        found.setdefault(cell, {})[row["seed"]] = row["val_loss"]
+        found.setdefault(cell, {})[replicate] = row["val_loss"]
     return found
 
 
