@@ -115,10 +115,10 @@ def verdicts_by_r(pairs):
 
 def expected_half_width(seed_sd, n_cells, n_seeds):
     """The 95% half-width a design of n_cells x n_seeds paired runs should give when each run's loss carries
-    seed noise seed_sd, independent between the arms (on the CPU grids another data order moves a run as far as
-    another seed, so a changed model is taken to share none of the base's noise: dev/README.md, "The verdict and
-    the power"), so a difference has sd sqrt(2) seed_sd. One seed per cell takes its df from the cells, and the
-    spread of the effect across cells adds to it."""
+    seed noise seed_sd, independent between the arms, so a difference has sd sqrt(2) seed_sd: an upper bound,
+    since a variant paired with its base on the same seed and data order shares some of it (dev/README.md, "The
+    verdict and the power"). One seed per cell takes its df from the cells, and the spread of the effect across
+    cells adds to it."""
     difference_sd = math.sqrt(2) * seed_sd
     df = n_cells * (n_seeds - 1)
     if n_seeds == 1:
