@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import flops
+from nanoloop.loops import LoopCounts, expected_flops_per_token
 
 ROOT = Path(__file__).resolve().parents[1]
 # the case studies fitted against the layout-matched r = 1 (dev/study_tables.py --layout-anchored)
@@ -177,14 +178,17 @@ def test_committed_rows_are_flops_py_accounting_of_their_own_model(path):
     for i, row in enumerate(rows, 1):
         where = f"{path.relative_to(RESULTS)}:{i}"
         cfg = flops.ModelConfig(**{k: row[k] for k in fields if k in row or k not in flops.LATER_FIELDS})
-        counts, F = flops.param_counts(cfg), flops.flops_per_token(cfg)
+        identity = row.get("identity")
+        loop_counts = LoopCounts(**(identity or {}).get("loops", {}))  # a sampled loop count: F's expectation
+        counts, F = flops.param_counts(cfg), expected_flops_per_token(cfg, loop_counts)
         assert (row["n_params"], row["n_once"], row["n_rec"]) == (counts["n_params"], counts["n_once"],
                                                                   counts["n_rec"]), where
         assert row["flops_per_token"] == F and row["flops_actual"] == F * row["tokens"], where
-        identity = row.get("identity")
         batch = row.get("batch_tokens") or identity["horizon"]["batch_tokens"]
         assert row["tokens"] == row["steps"] * batch, where
-        if row.get("flops_budget"):
+        if row.get("flops_budget") and loop_counts.kind != "fixed":
+            assert row["steps"] == round(row["flops_budget"] / (F * batch)), where
+        elif row.get("flops_budget"):
             plan = flops.tokens_for_budget(cfg, row["flops_budget"], batch)
             assert (row["steps"], row["tokens"]) == (plan["steps"], plan["tokens"]), where
         if identity:
