@@ -380,9 +380,8 @@ def log_progress(run, lr_mult):
     mfu_text = f"{100 * mfu:.1f}%" if mfu else "n/a"
     eta_text = f"{eta:.0f}s" if eta < 90 else f"{eta / 60:.1f}m"
     gflops = run.summary["flops_per_token"] * tokens_per_s / 1e9
-    print(f"step {progress['step']:>6}/{run.horizon.steps} | loss {progress['train_loss']:.4f} | lrm {lr_mult:.3f} | "
-          f"{tokens_per_s:,.0f} tok/s | {gflops:,.1f} GFLOP/s | mfu {mfu_text} | eta {eta_text}" + loops_text,
-          flush=True)
+    print0(f"step {progress['step']:>6}/{run.horizon.steps} | loss {progress['train_loss']:.4f} | lrm {lr_mult:.3f} | "
+           f"{tokens_per_s:,.0f} tok/s | {gflops:,.1f} GFLOP/s | mfu {mfu_text} | eta {eta_text}" + loops_text)
 
 
 def all_reduce_mean(value, device):
