@@ -9,11 +9,17 @@
 #   bash dev/ablate.sh gated --quick -- --injection gated   # r = 4 at 1.1e12 and 2.4e12 (7 runs): the paired table
 #   bash dev/ablate.sh rsi --quick --plan -- --random-state-init   # the plan only: nothing is trained or written
 #   bash dev/ablate.sh gated --quick --seeds 3 -- --injection gated  # 3 seeds: a verdict with a narrower CI
+#   bash dev/ablate.sh gated --quick --quiet --seeds 3 -- --injection gated  # on the quiet recipe: ±0.01 nats
 #
 # --seeds K trains K replicates of the arm: replicate i of the variant with its own --seed (default 0) + i into
-# OUT-seed<i> (OUT itself for i = 0), and of the base with --seed i into dev/results/cpu-micro-base-seed<i>
-# (the committed cpu-micro for i = 0; a base replicate trained once is reused by every later ablation). The
-# verdict pairs them by cell and replicate (nanoloop/verdict.py); the fits use replicate 0.
+# OUT-seed<i> (OUT itself for i = 0), and of the base with --seed i into BASE-seed<i> (BASE itself for i = 0; a
+# base replicate trained once is reused by every later ablation), looped runs only: the verdict pairs them by
+# cell and replicate (nanoloop/verdict.py), the fits use replicate 0.
+# --quiet trains both arms on the quiet CPU recipe (sweep.sh's CPU_QUIET_FLAGS: warmup and cosine decay, the
+# last 20% of the weights averaged, MuonH LR 0.014; half the seed noise of the grid's recipe at a lower loss,
+# dev/README.md "The noise and the quiet recipe"). Its base is dev/results/cpu-micro-quiet (and -quiet-layout,
+# the layout-matched anchor), trained at the arm's cells the first time an ablation needs them, then reused;
+# the default base is the committed cpu-micro (and cpu-micro-layout).
 #
 # --plan lists every run of the arm: the flags it gets, what train.py will do with it (reuse which committed run
 # of the same run identity, dev/results/*/runs/<name>/final.json, or train it) and, for a run to train, a time at
@@ -38,9 +44,9 @@
 # Environment: CPU_JOBS (default 2), PYTHON, OUT, COMPILE (default 1; 0 trains eagerly).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: bash dev/ablate.sh NAME [--quick] [--plan] [--seeds K] -- TRAIN_FLAGS (--help says more)"
+usage="usage: bash dev/ablate.sh NAME [--quick] [--quiet] [--plan] [--seeds K] -- TRAIN_FLAGS (--help says more)"
 if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then
-  echo "usage: bash dev/ablate.sh NAME [--quick] [--plan] [--seeds K] -- TRAIN_FLAGS"
+  echo "usage: bash dev/ablate.sh NAME [--quick] [--quiet] [--plan] [--seeds K] -- TRAIN_FLAGS"
   sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
@@ -50,11 +56,13 @@ NAME="$1"; shift
 # the name goes into OUT and sweep.sh's --variant, which takes these characters
 [[ "$NAME" =~ ^[A-Za-z0-9._-]+$ ]] || { echo "ablate.sh: NAME '$NAME': use letters, digits, . _ - ($usage)" >&2; exit 2; }
 QUICK=""
+QUIET=""
 PLAN=""
 SEEDS=1
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
+    --quiet) QUIET=1; shift ;;
     --plan) PLAN=1; shift ;;
     --seeds)
       if ! [[ "${2:-}" =~ ^[1-9][0-9]*$ ]]; then
@@ -67,6 +75,14 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do
 done
 [ "${1:-}" = -- ] && [ $# -ge 2 ] || { echo "ablate.sh: the train.py flags that make the variant go after -- ($usage)" >&2; exit 2; }
 shift
+BASE_DIR=dev/results/cpu-micro  # the base's replicate 0; BASE_DIR-layout its layout-matched anchor
+RECIPE_FLAGS=()                 # --quiet: the recipe of both arms, before the variant's own flags (a later flag wins)
+if [ -n "$QUIET" ]; then
+  read -ra RECIPE_FLAGS <<< "$(sed -n 's/^CPU_QUIET_FLAGS="\(.*\)"$/\1/p' sweep.sh)"
+  [ "${#RECIPE_FLAGS[@]}" -gt 0 ] || { echo "ablate.sh: CPU_QUIET_FLAGS not found in sweep.sh" >&2; exit 2; }
+  BASE_DIR=dev/results/cpu-micro-quiet
+fi
+set -- "${RECIPE_FLAGS[@]}" "$@"
 OWN_SEED=0  # the variant's own --seed (train.py's last one wins), from which its replicates count
 args=("$@")
 for ((k = 0; k < ${#args[@]}; k++)); do
@@ -78,17 +94,21 @@ done
 [[ "$OWN_SEED" =~ ^[0-9]+$ ]] || { echo "ablate.sh: --seed $OWN_SEED: a seed is a non-negative integer" >&2; exit 2; }
 PYTHON="${PYTHON:-python3}"
 CPU_JOBS="${CPU_JOBS:-2}"
-OUT="${OUT:-dev/results/cpu-micro-$NAME${QUICK:+-quick}}"
+OUT="${OUT:-dev/results/cpu-micro-$NAME${QUICK:+-quick}${QUIET:+-quiet}}"
 COMPILE_FLAG=(--compile)
 if [ "${COMPILE:-1}" = 0 ]; then COMPILE_FLAG=(); fi
-BASE=dev/results/cpu-micro/results.jsonl
-LAYOUT=dev/results/cpu-micro-layout/results.jsonl
+BASE="$BASE_DIR/results.jsonl"
+LAYOUT="$BASE_DIR-layout/results.jsonl"
+REPORT_FLAGS=(--base "$BASE_DIR")
+if [ -n "$QUIET" ]; then REPORT_FLAGS+=(--noise-recipe cosine-avg-lr014); fi  # dev/noise.sh's name for it
 SUBSET=()
+REPLICATE_SUBSET=(--r "2 4 8")  # replicates 1.. are for the verdict, which pairs the looped runs only
 FIT_FLAGS=()
 if [ -n "$QUICK" ]; then
   # One looped r at the middle budgets, whose best widths lie inside the grid (d = 16-24): 7 runs, the
   # paired table's answer in minutes.
   SUBSET=(--budgets "1.1e12 2.4e12" --r "1 4")
+  REPLICATE_SUBSET=(--budgets "1.1e12 2.4e12" --r 4)
   # Its delta-phi is a point estimate, so its fits search from 100 random starts, not the protocol's 500: on
   # the committed quick arm every joint fit's phi is the 500-start one to 4 digits, and the fits and report
   # take 29 s instead of 159 s; one restricted (phi = 1) fit in compare.txt stops at a slightly worse optimum.
@@ -100,27 +120,44 @@ fi
 R1_FLAGS=$(GPUS=0 OUT="$OUT" ./sweep.sh --grid cpu-micro --print "${SUBSET[@]}" |
            "$PYTHON" dev/ablation_report.py "$OUT" --r1-flags -- "$@")
 R1_FLAGS="$R1_FLAGS${COMPILE_FLAG[*]:+ ${COMPILE_FLAG[*]}}"
+VARIANT_FLAGS=("$@")
+train_arm() {  # DIR GRID VARIANT [sweep.sh options] -- TRAIN_FLAGS: one arm's runs into DIR (sweep.sh reuses)
+  local dir="$1" grid="$2" variant="$3"
+  shift 3
+  CPU_JOBS="$CPU_JOBS" OUT="$dir" ./sweep.sh --grid "$grid" --variant "$variant" --no-fit "$@" "${COMPILE_FLAG[@]}"
+}
+plan_arm() {  # the same arguments: every run train_arm would give train.py, and what train.py will do with it
+  local dir="$1" grid="$2" variant="$3" options=()
+  shift 3
+  while [ "$1" != -- ]; do options+=("$1"); shift; done
+  shift
+  echo; echo "$dir (sweep.sh --grid $grid --variant $variant ${options[*]}):"
+  GPUS=0 OUT="$dir" ./sweep.sh --grid "$grid" --variant "$variant" --print "${options[@]}" -- "$@" "${COMPILE_FLAG[@]}" |
+    "$PYTHON" dev/ablation_report.py "$dir" --plan --slots "$CPU_JOBS" -- "$@"
+}
+every_arm() {  # ACTION (train_arm or plan_arm) on every arm of the ablation, in the order they train
+  local i seed
+  if [ -n "$QUIET" ]; then  # the quiet recipe's base and its layout-matched anchor (the looped runs reused)
+    "$1" "$BASE_DIR" cpu-micro quiet "${SUBSET[@]}" -- "${RECIPE_FLAGS[@]}"
+    "$1" "$BASE_DIR-layout" cpu-micro-layout quiet "${SUBSET[@]}" -- "${RECIPE_FLAGS[@]}"
+  fi
+  "$1" "$OUT" cpu-micro "$NAME" "${SUBSET[@]}" --r1-flags "$R1_FLAGS" -- "${VARIANT_FLAGS[@]}"
+  for ((i = 1; i < SEEDS; i++)); do  # the other replicates: the base's (reused once trained), then the variant's
+    seed=$((OWN_SEED + i))
+    "$1" "$BASE_DIR-seed$i" cpu-micro "base-seed$i" "${REPLICATE_SUBSET[@]}" -- "${RECIPE_FLAGS[@]}" --seed "$i"
+    "$1" "$OUT-seed$i" cpu-micro "$NAME-seed$i" "${REPLICATE_SUBSET[@]}" --r1-flags "$R1_FLAGS --seed $seed" \
+      -- "${VARIANT_FLAGS[@]}" --seed "$seed"
+  done
+}
 if [ -n "$PLAN" ]; then
-  echo "ablate.sh $NAME${QUICK:+ --quick}: the plan into $OUT (CPU_JOBS=$CPU_JOBS, COMPILE=${COMPILE:-1});" \
-       "nothing is trained or written"
+  echo "ablate.sh $NAME${QUICK:+ --quick}${QUIET:+ --quiet}: the plan into $OUT (CPU_JOBS=$CPU_JOBS," \
+       "COMPILE=${COMPILE:-1}); nothing is trained or written"
   if [ -f "$OUT/INCOMPLETE" ]; then
     echo "  $OUT is an unfinished ablation (its INCOMPLETE file says how it stopped); running it finishes it"
   fi
-  GPUS=0 OUT="$OUT" ./sweep.sh --grid cpu-micro --variant "$NAME" --print "${SUBSET[@]}" --r1-flags "$R1_FLAGS" \
-    -- "$@" "${COMPILE_FLAG[@]}" | "$PYTHON" dev/ablation_report.py "$OUT" --plan --slots "$CPU_JOBS" -- "$@"
-  for ((i = 1; i < SEEDS; i++)); do
-    seed=$((OWN_SEED + i))
-    echo; echo "replicate $i: the base with --seed $i (dev/results/cpu-micro-base-seed$i)"
-    GPUS=0 OUT="dev/results/cpu-micro-base-seed$i" ./sweep.sh --grid cpu-micro --variant "base-seed$i" --print \
-      "${SUBSET[@]}" -- --seed "$i" "${COMPILE_FLAG[@]}" |
-      "$PYTHON" dev/ablation_report.py "dev/results/cpu-micro-base-seed$i" --plan --slots "$CPU_JOBS" -- --seed "$i"
-    echo; echo "replicate $i: the variant with --seed $seed ($OUT-seed$i)"
-    GPUS=0 OUT="$OUT-seed$i" ./sweep.sh --grid cpu-micro --variant "$NAME-seed$i" --print "${SUBSET[@]}" \
-      --r1-flags "$R1_FLAGS --seed $seed" -- "$@" --seed "$seed" "${COMPILE_FLAG[@]}" |
-      "$PYTHON" dev/ablation_report.py "$OUT-seed$i" --plan --slots "$CPU_JOBS" -- "$@" --seed "$seed"
-  done
+  every_arm plan_arm
   echo
-  "$PYTHON" dev/ablation_report.py "$OUT" --power "$SEEDS" ${QUICK:+--quick}
+  "$PYTHON" dev/ablation_report.py "$OUT" --power "$SEEDS" ${QUICK:+--quick} "${REPORT_FLAGS[@]}"
   exit 0
 fi
 
@@ -137,15 +174,7 @@ mark_failed() {  # on any exit but success: the marker says how it stopped (and 
 }
 trap mark_failed EXIT
 start=$(date +%s)
-CPU_JOBS="$CPU_JOBS" OUT="$OUT" ./sweep.sh --grid cpu-micro --variant "$NAME" --no-fit "${SUBSET[@]}" \
-  --r1-flags "$R1_FLAGS" -- "$@" "${COMPILE_FLAG[@]}"
-for ((i = 1; i < SEEDS; i++)); do  # the other replicates: the base's (reused once trained), then the variant's
-  seed=$((OWN_SEED + i))
-  CPU_JOBS="$CPU_JOBS" OUT="dev/results/cpu-micro-base-seed$i" ./sweep.sh --grid cpu-micro --variant "base-seed$i" \
-    --no-fit "${SUBSET[@]}" -- --seed "$i" "${COMPILE_FLAG[@]}"
-  CPU_JOBS="$CPU_JOBS" OUT="$OUT-seed$i" ./sweep.sh --grid cpu-micro --variant "$NAME-seed$i" --no-fit \
-    "${SUBSET[@]}" --r1-flags "$R1_FLAGS --seed $seed" -- "$@" --seed "$seed" "${COMPILE_FLAG[@]}"
-done
+every_arm train_arm
 trained=$(date +%s)
 if [ -n "$QUICK" ]; then  # the base on the variant's cells only, so that both arms have the same design
   "$PYTHON" dev/ablation_report.py "$OUT" --same-cells "$BASE" > "$OUT/fit/base.jsonl"
@@ -163,7 +192,7 @@ if [ -s "$OUT/fit/untied_anchored.jsonl" ]; then
   LAYOUT_VARIANT="$VARIANT"
 else
   rm "$OUT/fit/untied_anchored.jsonl"
-  "$PYTHON" dev/ablation_report.py "$OUT" --layout-anchored-rows > "$LAYOUT_VARIANT"
+  "$PYTHON" dev/ablation_report.py "$OUT" --layout-anchored-rows "${REPORT_FLAGS[@]}" > "$LAYOUT_VARIANT"
 fi
 "$PYTHON" fit_laws.py "$BASE" --compare "$VARIANT" "${FIT_FLAGS[@]}" --json "$OUT/fit/compare.json" \
   > "$OUT/fit/compare.txt"
@@ -173,7 +202,7 @@ fi
 # fit/ablation.txt is renamed into place only once it is whole.
 rm "$OUT/INCOMPLETE"
 REPORT="$OUT/fit/ablation.txt.partial"
-"$PYTHON" dev/ablation_report.py "$OUT" | tee "$REPORT"
+"$PYTHON" dev/ablation_report.py "$OUT" "${REPORT_FLAGS[@]}" | tee "$REPORT"
 if [ -n "$QUICK" ]; then
   echo "(--quick: one looped r at two budgets does not identify phi; its delta-phi is a point estimate without a CI)" |
     tee -a "$REPORT"

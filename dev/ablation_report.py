@@ -40,9 +40,8 @@ BASE, LAYOUT, EVAL = RESULTS / "cpu-micro", RESULTS / "cpu-micro-layout", RESULT
 # dev/ablate.sh's marker: in OUT from its start until its report is written, so a failed or stopped ablation
 # never looks like a result (the report refuses it; a rerun of the same command finishes it)
 INCOMPLETE = "INCOMPLETE"
-# dev/ablate.sh --seeds K: replicate i >= 1 of the variant in OUT-seed<i>, of the base in cpu-micro-base-seed<i>
-# (trained once, committed, reused by every later ablation with as many seeds)
-BASE_SEED_GRID = "cpu-micro-base-seed{}"
+# dev/ablate.sh --seeds K: replicate i >= 1 of the variant in OUT-seed<i>, of the base in BASE-seed<i> (trained
+# once, committed, reused by every later ablation with as many seeds); BASE-layout is the base's layout anchor
 NOISE = RESULTS / "cpu-micro-noise"  # dev/noise.sh: the seed sd of the base recipe at the quick cells
 QUICK_CELLS, FULL_CELLS = {4: 7}, {2: 14, 4: 14, 8: 14}  # looped cells per r of --quick and of the full arm
 
@@ -193,10 +192,12 @@ def rows_in_cells(rows, variant_rows):
     return [row for row in rows if (row["flops_budget"], row["r"]) in cells]
 
 
-def layout_anchored_rows(variant_rows):
-    """The variant's looped rows with cpu-micro-layout's r = 1 runs (of the variant's budgets) as the anchor."""
+def layout_anchored_rows(variant_rows, base):
+    """The variant's looped rows with the base's layout-matched r = 1 runs (BASE-layout: cpu-micro-layout for the
+    committed base) of the variant's budgets as the anchor."""
     budgets = {row["flops_budget"] for row in variant_rows}
-    anchor = [row for row in read_rows(LAYOUT / "results.jsonl") if row["r"] == 1 and row["flops_budget"] in budgets]
+    layout = base.parent / f"{base.name}-layout" / "results.jsonl"
+    anchor = [row for row in read_rows(layout) if row["r"] == 1 and row["flops_budget"] in budgets]
     return anchor + [row for row in variant_rows if row["r"] > 1]
 
 
@@ -461,6 +462,12 @@ def parse_args(argv=None):
     mode.add_argument("--power", type=positive_int, metavar="SEEDS",
                       help="print the CI half-width an arm of SEEDS seeds should reach, from dev/noise.sh's seed sd")
     p.add_argument("--quick", action="store_true", help="--power: of ablate.sh --quick's cells")
+    p.add_argument("--base", type=Path, default=BASE,
+                   help="the base's replicate 0 (BASE-seed<i> the others, BASE-layout its layout anchor; default "
+                        "the committed cpu-micro; ablate.sh --quiet: dev/results/cpu-micro-quiet)")
+    p.add_argument("--noise-recipe", default="base",
+                   help="--power: the dev/noise.sh recipe whose seed sd sets the power (ablate.sh --quiet: "
+                        "cosine-avg-lr014)")
     p.add_argument("--slots", type=positive_int, default=2, help="--plan: runs trained at once (ablate.sh's CPU_JOBS)")
     return p.parse_args(argv), flags
 
@@ -485,7 +492,7 @@ def main():
         before_training(args, flags)
         return
     if args.power:
-        print("\n".join(power_lines(args.power, args.quick)))
+        print("\n".join(power_lines(args.power, args.quick, args.noise_recipe)))
         return
     rows_only = args.layout_anchored_rows or args.same_cells or args.untied_anchored_rows  # ablate.sh's steps
     if (out / INCOMPLETE).is_file() and not rows_only:
@@ -495,14 +502,14 @@ def main():
         fail("ablation_report.py", f"{out / 'results.jsonl'} not found: run dev/ablate.sh first")
     variant_rows = read_rows(out / "results.jsonl")
     if not rows_only:
-        report(out, variant_rows)
+        report(out, variant_rows, args.base.resolve())
         return
     if args.same_cells:
         rows = rows_in_cells(read_rows(args.same_cells), variant_rows)
     elif args.untied_anchored_rows:
         rows = untied_anchored_rows(variant_rows, read_rows(args.untied_anchored_rows))
     else:
-        rows = layout_anchored_rows(variant_rows)
+        rows = layout_anchored_rows(variant_rows, args.base.resolve())
     print("".join(json.dumps(row) + "\n" for row in rows), end="")
 
 
@@ -514,16 +521,16 @@ def replicates(first, folder_of):
     return found
 
 
-def pairs_of(out):
+def pairs_of(out, base):
     """The arm's paired differences over every replicate both arms have (nanoloop/verdict.paired_differences)."""
     variant = replicates(out, lambda i: out.parent / f"{out.name}-seed{i}")
-    base = replicates(BASE, lambda i: RESULTS / BASE_SEED_GRID.format(i))
-    return paired_differences(base, variant)
+    base_rows = replicates(base, lambda i: base.parent / f"{base.name}-seed{i}")
+    return paired_differences(base_rows, variant)
 
 
-def verdict_section(out, name):
+def verdict_section(out, name, base):
     """(lines, {label: verdict}): the verdict per looped r and pooled, from every replicate both arms have."""
-    pairs = pairs_of(out)
+    pairs = pairs_of(out, base)
     verdicts = verdicts_by_r(pairs)
     seeds = max((len(by_seed) for by_seed in pairs.values()), default=0)
     head = (f"verdict: {name} minus base, validation loss (nats/token), paired by cell and seed over "
@@ -541,11 +548,11 @@ def delta_phi_of(path):
     return {"delta_phi": delta["delta_phi"], "ci": delta.get("delta_phi_ci"), "identified": not reached}
 
 
-def base_seed_sd():
-    """{r: seed sd of the base recipe}, pooled over dev/noise.sh's cells at r (the root mean of their variances)."""
+def base_seed_sd(recipe):
+    """{r: seed sd of a recipe}, pooled over dev/noise.sh's cells at r (the root mean of their variances)."""
     by_cell = {}
     for row in read_rows(NOISE / "results.jsonl"):
-        if Path(row["out"]).name.split("_")[3] == "base":
+        if Path(row["out"]).name.split("_")[3] == recipe:
             by_cell.setdefault((row["flops_budget"], row["r"], row["d_model"]), []).append(row["val_loss"])
     variances = {}
     for (_, r, _), losses in by_cell.items():
@@ -554,12 +561,12 @@ def base_seed_sd():
     return {r: statistics.fmean(values) ** 0.5 for r, values in variances.items()}
 
 
-def power_lines(seeds, quick):
-    """--power: the 95% half-width the arm's design should give, per looped r, from the base recipe's measured
-    seed sd (the largest measured r's where r itself was not measured); and the seeds a +-0.010 verdict takes."""
+def power_lines(seeds, quick, recipe):
+    """--power: the 95% half-width the arm's design should give, per looped r, from the recipe's measured seed sd
+    (the largest measured r's where r itself was not measured); and the seeds a +-0.010 verdict takes."""
     if not (NOISE / "results.jsonl").is_file():
         return [f"power: {NOISE / 'results.jsonl'} not found (bash dev/noise.sh measures the seed noise)"]
-    sds = base_seed_sd()
+    sds = base_seed_sd(recipe)
     lines = []
     for r, n_cells in (QUICK_CELLS if quick else FULL_CELLS).items():
         sd = sds.get(r, max(sds.values()))
@@ -567,20 +574,20 @@ def power_lines(seeds, quick):
         width = expected_half_width(sd, n_cells, seeds)
         enough = next((k for k in range(1, 101) if expected_half_width(sd, n_cells, k) <= 0.010), None)
         lines.append(f"power at r = {r}: ±{width:.3f} nats (95% CI half-width) from {n_cells} cells x {seeds} "
-                     f"seed(s), seed sd {sd:.3f} ({measured}, dev/noise.sh); ±0.010 takes {enough or '> 100'} seeds")
+                     f"seed(s), seed sd {sd:.3f} ({measured}, dev/noise.sh's {recipe}); ±0.010 takes {enough or '> 100'} seeds")
     return lines
 
 
-def report(out, variant_rows):
+def report(out, variant_rows, base_dir):
     """(a), (b) and (c) of a finished ablation on stdout, and fit/ablation.png."""
     name = out.name.removeprefix("cpu-micro-")
-    base, variant = by_cell(read_rows(BASE / "results.jsonl")), by_cell(variant_rows)
+    base, variant = by_cell(read_rows(base_dir / "results.jsonl")), by_cell(variant_rows)
     looped = {cell: losses for cell, losses in variant.items() if cell[1] > 1}
-    lines, verdicts = verdict_section(out, name)
+    lines, verdicts = verdict_section(out, name, base_dir)
     print("\n".join(lines))
     print("Δφ against the layout-matched r = 1 (fit_laws.py --compare; 95% CI, block bootstrap):",
           delta_phi_line("", out / "fit" / "compare_layout.json").split(" | ")[-1].rstrip(" |") + "\n")
-    summary = {"arm": name, "verdicts": verdicts,
+    summary = {"arm": name, "base": str(base_dir.relative_to(REPO)), "verdicts": verdicts,
                "delta_phi": {"layout-matched": delta_phi_of(out / "fit" / "compare_layout.json"),
                              "plain": delta_phi_of(out / "fit" / "compare.json")}}
     (out / "fit").mkdir(exist_ok=True)
@@ -598,7 +605,7 @@ def report(out, variant_rows):
     print(delta_phi_line("layout-matched r = 1", out / "fit" / "compare_layout.json"))
     print(delta_phi_line("plain r = 1", out / "fit" / "compare.json"))
     (out / "fit").mkdir(exist_ok=True)
-    plot_differences(base, looped, name, retrain, out / "fit" / "ablation.png", pairs_of(out))
+    plot_differences(base, looped, name, retrain, out / "fit" / "ablation.png", pairs_of(out, base_dir))
     print(f"\n(c) wrote {out / 'fit' / 'ablation.png'}")
 
 

@@ -29,13 +29,14 @@ recipe_flags() {  # a candidate recipe's train.py flags, after the grid's (a lat
     order) echo "" ;;                                         # the base; its "seed" is the data order's
     avg) echo "--average-last 0.2" ;;                         # the grid's schedule, the last 20% averaged
     lr014) echo "--lr-matrix 0.014" ;;                        # the looped runs' own best LR (cpu-micro-lr)
-    cosine-avg-lr014) echo "--warmup-frac 0.1 --lr-decay cosine --average-last 0.2 --lr-matrix 0.014" ;;
+    cosine-avg-lr014) echo "$QUIET_FLAGS" ;;                  # the quiet recipe (sweep.sh CPU_QUIET_FLAGS)
     *) echo "noise.sh: unknown recipe '$1' (base, order, cosine, lowlr, avg, cosine-avg, lr014, cosine-avg-lr014)" >&2
        return 2 ;;
   esac
 }
 GRID_FLAGS=$(sed -n 's/^CPU_MICRO_FLAGS="\(.*\)"$/\1/p' sweep.sh)  # the grid's flags, from their one place
 [ -n "$GRID_FLAGS" ] || { echo "noise.sh: CPU_MICRO_FLAGS not found in sweep.sh" >&2; exit 2; }
+QUIET_FLAGS=$(sed -n 's/^CPU_QUIET_FLAGS="\(.*\)"$/\1/p' sweep.sh)
 if [ ! -f "$DATA/meta.json" ]; then  # built from the repository's sources with the grid's flags (sweep.sh's)
   data_flags=$(grep -A1 '^  cpu-micro\*|' sweep.sh | sed -n 's/^ *DATA_FLAGS="\(.*\)" ;;$/\1/p')
   # shellcheck disable=SC2086

@@ -60,7 +60,7 @@ def column(row):
 def layout_anchored_rows(grid):
     """A case study's looped rows with the layout-matched r = 1 runs as the anchor (the plain r = 1 is dropped):
     what dev/ablate.sh fits an ablation's delta-phi on, built by the same function."""
-    return ablation_report.layout_anchored_rows(load_rows(grid))
+    return ablation_report.layout_anchored_rows(load_rows(grid), ablation_report.BASE)
 
 
 def phi_with_ci(joint):
