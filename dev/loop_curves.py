@@ -61,6 +61,9 @@ def parse_args(argv=None):
     parser.add_argument("--batch", type=positive_int, default=64, help="rows per forward")
     parser.add_argument("--data", default="", help="the prepared data (default: each run's own)")
     parser.add_argument("--out", required=True, help="folder for loops.jsonl and loops.png")
+    parser.add_argument("--add-rows", metavar="LOOPS_JSONL", default=None,
+                        help="rows measured before (another run's loops.jsonl, its checkpoints gone) kept beside "
+                             "these in loops.jsonl and the figure; a run measured again here replaces its old rows")
     return parser.parse_args(argv)
 
 
@@ -208,14 +211,26 @@ def plot(rows, path):
     plt.close(fig)
 
 
+def earlier_rows(path):
+    """--add-rows: the rows of an earlier loops.jsonl (read before anything is measured: a bad path is one line)."""
+    if path is None:
+        return []
+    if not Path(path).is_file():
+        raise DataError(f"--add-rows {path}: no such file")
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
 def main(argv=None):
     args = parse_args(argv)
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
+        earlier = earlier_rows(args.add_rows)
         rows = measure(args)
     except (DataError, ValueError) as e:
         fail(PROG, str(e))
+    measured = {row["run_id"] for row in rows}  # a run measured again here replaces its earlier rows
+    rows = [row for row in earlier if row["run_id"] not in measured] + rows
     (out / "loops.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     plot(rows, out / "loops.png")
     print(f"{PROG}: {len(rows)} rows -> {out / 'loops.jsonl'}, {out / 'loops.png'}")

@@ -323,3 +323,29 @@ def test_loop_curves_scores_each_run_at_each_loop_count_and_adaptive_exit_where_
         if row["threshold"] == 0:
             assert row["mean_loops"] == 4 and row["val_loss"] == pytest.approx(fixed[("linear", 4)], abs=1e-5)
     assert (out / "loops.png").stat().st_size > 0
+
+
+def test_loop_curves_keeps_earlier_rows_beside_new_ones_and_refuses_a_missing_file_first(sample_data, tmp_path):
+    """--add-rows: an earlier loops.jsonl (runs whose checkpoints are gone) is kept beside the runs measured now;
+    a run measured again replaces its earlier rows; a missing file is one line before any run is scored."""
+    from test_evaluate import REPO, make_run
+    run = make_run(tmp_path / "runs" / "linear", sample_data, seed=1)
+    first, second = tmp_path / "first", tmp_path / "second"
+    common = ["--loops", "1,2", "--rows", "8", "--batch", "8"]
+    proc = subprocess.run([sys.executable, "dev/loop_curves.py", str(run), *common, "--out", str(first)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    earlier = [json.loads(line) for line in (first / "loops.jsonl").read_text().splitlines()]
+    gone = [{**row, "run_id": "gone", "run": "gone"} for row in earlier]  # a run scored before, not here
+    (first / "loops.jsonl").write_text("".join(json.dumps(row) + "\n" for row in gone + earlier))
+    proc = subprocess.run([sys.executable, "dev/loop_curves.py", str(run), *common, "--add-rows",
+                           str(first / "loops.jsonl"), "--out", str(second)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (second / "loops.jsonl").read_text().splitlines()]
+    assert [row["run"] for row in rows] == ["gone", "gone", "linear", "linear"]  # one row per run and loop count
+    missing = subprocess.run([sys.executable, "dev/loop_curves.py", str(run), *common, "--add-rows",
+                              str(tmp_path / "nothing.jsonl"), "--out", str(tmp_path / "third")], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+    assert missing.returncode != 0 and "--add-rows" in missing.stderr and "Traceback" not in missing.stderr
+    assert not (tmp_path / "third" / "loops.jsonl").exists()
