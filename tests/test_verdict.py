@@ -111,3 +111,23 @@ def test_a_run_both_arms_share_is_not_a_pair():
     retrained = row((1.1e12, 4, 16), 5.2) | {"run_id": "b"}
     variant = [shared, row((1.1e12, 4, 16), 5.1) | {"run_id": "c"}]
     assert list(paired_differences([[shared, retrained]], [variant])) == [(1.1e12, 4, 16)]
+
+
+def test_the_delta_phi_noise_is_zero_without_noise_and_grows_with_a_runs_noise():
+    """dev/phi_noise.py (the full mode's Δφ floor by noise source): two arms with nothing changed and no noise refit
+    to the same φ (Δφ exactly 0: the anchor shared, the refits alike); looped runs moved by 5x the noise move Δφ by
+    more than twice as much (the same normal draws scaled: Δφ is near linear in a run's noise at these sizes)."""
+    import sys
+    sys.path.insert(0, str(RESULTS.parent))
+    import phi_noise
+    import fit_laws
+    from diagnose_report import load
+    import ablation_report
+    rows = fit_laws.prepare_rows(ablation_report.layout_anchored_rows(
+        load(ablation_report.BASE / "results.jsonl"), ablation_report.BASE))
+    start = phi_noise.fit_joint(rows, restarts=20)["local_optima"]
+    none = phi_noise.delta_phi_draws(rows, start, 0.0, 0.0, draws=2, seed=0, restarts=2)
+    assert none == [0.0, 0.0]
+    small = phi_noise.delta_phi_draws(rows, start, 0.0, 0.01, draws=3, seed=0, restarts=2)
+    large = phi_noise.delta_phi_draws(rows, start, 0.0, 0.05, draws=3, seed=0, restarts=2)
+    assert sum(map(abs, large)) > 2 * sum(map(abs, small)) > 0
