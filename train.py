@@ -210,7 +210,7 @@ def setup(run):
     compiled = run.model
     if args.compile:
         with run.autocast:  # compiled for the dtype it trains in
-            compiled, run.compile_s = compile_or_eager(run.model, run.device_batch, cfg.seq_len)
+            compiled, run.compile_s = compile_or_eager(run.model, run.device_batch, cfg.seq_len, run.loops)
     run.ddp_model = compiled
     if WORLD > 1:
         run.ddp_model = DDP(compiled, device_ids=[run.device.index] if run.device.type == "cuda" else None)

@@ -308,6 +308,10 @@ MUTATIONS = [
     M("loops_gradients_through_all", "nanoloop/loops.py", "    if loops.r_bwd:\n        return min(loops.r_bwd, t)",
       "    if False:\n        return min(loops.r_bwd, t)",
       ("tests/test_loops.py -k above_the_drawn_loops",), "gradients through the last min(B, T) loops"),
+    M("loops_whole_model_graph", "nanoloop/runs.py",
+      '    return device.type == "cpu" or (loops is not None and loops.kind != "fixed")',
+      '    return device.type == "cpu"',
+      ("tests/test_loops.py -k compiles_each_block",), "a sampled T compiles per block on GPU, never the whole model"),
     # ---- nanoloop/verdict.py: an ablation's verdict (dev/ablation_report.py), nanoloop/averaging.py ----
     M("verdict_ci_ignores_seeds", "nanoloop/verdict.py", "    if df > 0:\n        squares",
       "    if False:\n        squares",

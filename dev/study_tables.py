@@ -121,6 +121,38 @@ def verdict_table():
     return lines
 
 
+# dev/ablate.sh --quick --quiet's arms, each against the quiet recipe's base (cpu-micro-quiet, its replicates
+# cpu-micro-quiet-seed<i>), paired by cell and seed; the first line is the quiet recipe against the grid's
+QUIET_BASE = "cpu-micro-quiet"
+QUIET_ARMS = [("cpu-micro-gated-quick-quiet", "gated injection"), ("cpu-micro-hyper-quick-quiet", "hyperconnections, K = 2"),
+              ("cpu-micro-null-quick-quiet", "the null: --seed 100")]
+
+
+def verdict_cell(v):
+    if v is None:
+        return "-"
+    return f"{v['word']}: {v['mean']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}] (±{v['half_width']:.3f})"
+
+
+def quiet_verdict_table():
+    """The quick arms on the quiet recipe: per arm its seeds and its verdict at r = 4 (the half-width is the
+    power); first the quiet base's seed-0 runs against the grid recipe's at the same cells, r = 1 and r = 4."""
+    base = RESULTS / QUIET_BASE
+    if not (base / "results.jsonl").is_file():
+        return []
+    recipe = paired_differences([load_rows("cpu-micro")], [load_rows(QUIET_BASE)], looped_only=False)
+    verdicts = verdicts_by_r(recipe)
+    lines = ["| arm (quick cells) | seeds | r = 1 | r = 4 |", "|---|---|---|---|",
+             f"| the quiet recipe against the grid's | 1 | {verdict_cell(verdicts.get('r = 1'))} | "
+             f"{verdict_cell(verdicts.get('r = 4'))} |"]
+    for grid, label in QUIET_ARMS:
+        if not (RESULTS / grid / "fit" / "ablation.json").is_file():
+            continue
+        pairs = ablation_report.pairs_of(RESULTS / grid, base)
+        seeds = max(len(by_seed) for by_seed in pairs.values())
+        lines.append(f"| {label} | {seeds} | - | {verdict_cell(verdicts_by_r(pairs).get('r = 4'))} |")
+    return lines
+
 EVAL = RESULTS / "cpu-micro-eval"            # the first retrain, scored under nanoloop-v1 (the rules of then)
 EVAL_CORE = RESULTS / "cpu-micro-eval-core"  # a second retrain, scored under core and again under nanoloop-v1
 CATEGORIES_CPU = RESULTS.parents[1] / "data" / "eval" / "categories-cpu.json"
@@ -325,6 +357,9 @@ def main():
     print("phi per grid\n" + "\n".join(phi_table()))
     print("\neach arm against the base, run for run: verdict, mean Δ val loss (nats/token) and 95% CI\n" +
           "\n".join(verdict_table()))
+    if quiet := quiet_verdict_table():
+        print("\nthe quick arms on the quiet recipe against its base (cpu-micro-quiet), paired by cell and seed: "
+              "verdict, mean Δ val loss and 95% CI (± its half-width)\n" + "\n".join(quiet))
     print("\nbest width per (budget, column): val loss (nats/token) and d\n" + "\n".join(best))
     print("\nevery run: val loss (nats/token)\n" + "\n".join(full))
     if (EVAL_CORE / "fit").is_dir():

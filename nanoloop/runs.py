@@ -465,11 +465,17 @@ def cpu_threads(requested):
     return int(os.environ.get("OMP_NUM_THREADS") or 1)
 
 
-def compile_or_eager(model, batch_rows, seq_len):
+def compiles_per_block(device, loops=None):
+    """Whether compile_or_eager compiles each block rather than the whole model: on CPU, and for a sampled
+    loop count (train.py --loops) anywhere."""
+    return device.type == "cpu" or (loops is not None and loops.kind != "fixed")
+
+
+def compile_or_eager(model, batch_rows, seq_len, loops=None):
     """(the compiled model, seconds it took), compiled now by one throwaway forward+backward on a dummy
     batch, so that a missing C++ compiler or an inductor error falls back to (model, seconds) with one line
     on stderr instead of failing mid-run. RNG state and gradients are left as they were (a resumed run
-    stays exact). Called under the autocast the model trains in.
+    stays exact). Called under the autocast the model trains in. `loops`: train.py's --loops (LoopCounts).
 
     On GPU the whole model is one graph (30-50 s once, in runs of hours). On CPU only each transformer
     block's forward is compiled ("regional compilation", pytorch.org/tutorials/recipes/regional_compilation):
@@ -477,11 +483,14 @@ def compile_or_eager(model, batch_rows, seq_len):
     inductor's on-disk cache, every later run at that width of any r: ~3 s warm (10-24 s cold, once per
     width) against the whole model's 14-50 s, which the CPU grids' 1-9 minute runs would not earn back. The
     rest (the loop, the injection, the fused loss) stays eager; finish's validation and samples run eager
-    blocks again (eager_blocks)."""
+    blocks again (eager_blocks). A sampled loop count compiles per block on GPU too: a whole-model graph
+    holds the loop unrolled at one T, and Dynamo, seeing T change, retraces with T symbolic, which the loop's
+    gradient switch (model.recurrence) cannot branch on: the run would fail at its second distinct T
+    (dev/bench_loops.py measures both ways)."""
     t0 = time.time()
     device = next(model.parameters()).device
     compiled = model
-    if device.type == "cpu":
+    if compiles_per_block(device, loops):
         for block in model.blocks():
             block.forward = torch.compile(block.forward)  # an instance attribute: state_dict keys unchanged
     else:

@@ -175,3 +175,27 @@ def test_a_sampled_run_is_exported_and_scored_at_its_mean_loop_count(sample_data
     meta = dataloader.read_meta(sample_data)
     assert export_hf.config_json(run, model, meta)["num_loops"] == 4
     assert mean_loops(LoopCounts(), 2) == 2 and mean_loops(HUGINN, 4) == 4
+
+
+def test_a_sampled_loop_count_compiles_each_block_on_every_device():
+    """#51's compile rule: the whole model is one graph on GPU at a fixed r; a sampled T compiles each block there
+    too, as every CPU run does (why: the next test)."""
+    assert runs.compiles_per_block(torch.device("cpu"), LoopCounts())
+    assert not runs.compiles_per_block(torch.device("cuda"), LoopCounts())
+    assert runs.compiles_per_block(torch.device("cuda"), LoopCounts("uniform", low=1, high=7))
+    assert runs.compiles_per_block(torch.device("cuda"), HUGINN)
+
+
+@pytest.mark.slow
+def test_the_whole_model_fails_at_a_second_loop_count_where_the_blocks_run_every_one():
+    """The whole model under Dynamo fails at the run's second distinct T (it retraces with T symbolic, which the
+    loop's gradient switch cannot branch on), while the blocks compiled alone run every drawn T with one graph
+    (dev/bench_loops.py prints both)."""
+    sys.path.insert(0, str(REPO / "dev"))
+    from bench_loops import step_times, whole_model_graphs
+    uniform = LoopCounts("uniform", low=1, high=7)
+    cfg = flops.ModelConfig(r=4, scale=0.25, head_dim=8, vocab_size=256, seq_len=16)
+    assert whole_model_graphs(LoopCounts(), cfg, steps=3, batch=2) == (1, "")
+    _, stopped = whole_model_graphs(uniform, cfg, steps=3, batch=2)
+    assert stopped.startswith("failed at step 1")
+    assert step_times(uniform, cfg, steps=4, batch=2)[0] == 1  # one block graph for every drawn T

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # (an ablation's --quick preset, dev/ablate.sh, is a paired table: its point delta-phi has no CI and is not listed)
 # (an --untied arm compares the layout-matched fit with its own anchor's: test_ablation.py reads that one)
 LAYOUT_COMPARES = sorted(path for path in (ROOT / "dev" / "results").glob("cpu-micro-*/fit/compare_layout.json")
-                         if not path.parts[-3].endswith("-quick") and not (path.parent / "untied_anchored.jsonl").exists())
+                         if "-quick" not in path.parts[-3] and not (path.parent / "untied_anchored.jsonl").exists())
 
 
 def test_readme_verdict_table_is_the_committed_rows():
