@@ -104,7 +104,7 @@ def describe(run, model):
     cfg = model.cfg
     final = json.loads((run["dir"] / "final.json").read_text())
     return {"run_id": run["run_id"], "run": run["name"], "r": cfg.r, "r_bwd": cfg.r_bwd, "injection": cfg.injection,
-            "untied": cfg.untied, "loops": loops_label(run["loops"]), "d_model": cfg.d_model,
+            "untied": cfg.untied, "trained_loops": loops_label(run["loops"]), "d_model": cfg.d_model,
             "n_params": final.get("n_params"),
             "val_loss_trained": final["val_loss"], "budget": final.get("flops_budget") or final.get("tokens_target")}
 
@@ -160,7 +160,7 @@ R_COLORS = {1: "black", 2: "tab:blue", 4: "tab:orange", 8: "tab:green", 16: "tab
 
 def arch(row):
     untied = ", untied" if row["untied"] else ""
-    sampled = f", {row['loops']}" if row.get("loops") else ""
+    sampled = f", {row['trained_loops']}" if row.get("trained_loops") else ""  # not "loops": the test-time count
     return f"r={row['r']} bwd={row['r_bwd']} {row['injection']}{untied}{sampled}"
 
 
@@ -185,11 +185,12 @@ def plot(rows, path):
         xs = sorted(at)
         first = mine[0]
         style = {"hyper": ":", "none": "-."}.get(first["injection"], "--" if first["r_bwd"] < first["r"] else "-")
-        left.plot(xs, [sum(at[x]) / len(at[x]) for x in xs], marker="o", ms=3, ls=style,
+        marker = "s" if first.get("trained_loops") else "o"  # squares: trained at sampled loop counts
+        left.plot(xs, [sum(at[x]) / len(at[x]) for x in xs], marker=marker, ms=3, ls=style,
                   color=R_COLORS.get(first["r"], "grey"), label=f"{name} ({len(mine) // len(xs)})")
     # symlog: the plain r = 1 stack looped is off by nats, a trained loop count's neighbours by millinats
     left.set(xscale="log", xlabel="test-time loops", ylabel="loss - loss at the trained r (nats)",
-             title="test-time loops (colour: trained r; -- truncated, : hyper, -. plain)")
+             title="test-time loops (colour: r; -- truncated, : hyper, -. plain; squares: sampled T)")
     left.set_yscale("symlog", linthresh=0.02)
     left.set_xticks(sorted({row["loops"] for row in fixed}), [str(x) for x in sorted({row["loops"] for row in fixed})])
     left.legend(fontsize=6, loc="lower right")
@@ -198,7 +199,7 @@ def plot(rows, path):
         base = sorted((row for row in mine if row["mode"] == "fixed" and 2 <= row["loops"] <= row["r"]),
                       key=lambda row: row["loops"])  # from 2: a token exits after its second loop at the earliest
         line = right.plot([row["loops"] for row in base], [row["val_loss"] for row in base], marker="o", ms=3,
-                          label=f"{mine[0]['run']}: fixed")[0]
+                          label=f"{mine[0]['run']} ({arch(mine[0])}): fixed")[0]
         for criterion, marker in zip(EXIT_CRITERIA, ("s", "^")):
             points = sorted((row for row in mine if row["mode"] == criterion), key=lambda row: row["mean_loops"])
             if points:

@@ -349,3 +349,16 @@ def test_loop_curves_keeps_earlier_rows_beside_new_ones_and_refuses_a_missing_fi
                              capture_output=True, text=True, timeout=300)
     assert missing.returncode != 0 and "--add-rows" in missing.stderr and "Traceback" not in missing.stderr
     assert not (tmp_path / "third" / "loops.jsonl").exists()
+
+
+def test_loop_curves_draws_one_line_per_training_distribution_not_per_test_time_count():
+    """The figure's lines (loop_curves.arch): a run's trained r, B, injection and the distribution it drew its loop
+    counts from in training (trained_loops), never the test-time loop count a row was scored at."""
+    from test_evaluate import REPO
+    sys.path.insert(0, str(REPO / "dev"))
+    from loop_curves import arch
+    fixed = {"r": 4, "r_bwd": 4, "injection": "linear", "untied": False, "trained_loops": ""}
+    sampled = dict(fixed, trained_loops="T Poisson log-normal, mean 4")
+    assert arch(dict(fixed, loops=1)) == arch(dict(fixed, loops=32))
+    assert arch(dict(sampled, loops=4)) != arch(dict(fixed, loops=4))
+    assert "Poisson" in arch(dict(sampled, loops=2))
