@@ -287,3 +287,15 @@ def test_table_12_at_cpu_scale_is_what_its_rows_give():
     committed = (ROOT / "dev" / "results" / "cpu-untied" / "fit" / "table12.txt").read_text()
     assert out.returncode == 0 and out.stdout == committed, out.stderr
     assert committed.count("(3 seeds)") == 9
+
+
+def test_readme_quiet_table_is_the_committed_rows():
+    """README's quick arms on the quiet recipe (dev/study_tables.py): the recipe against the grid's, then each arm
+    against the quiet base paired by cell and seed; hyperconnections better, the null no difference."""
+    out = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py")], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    table = out.split("the quick arms on the quiet recipe")[1].split("\n\n")[0].splitlines()[1:]
+    assert len(table) == 2 + 4
+    assert "| better: " in table[4] and table[5].startswith("| the null") and "no difference" in table[5]
+    readme = (ROOT / "README.md").read_text().splitlines()
+    assert all(line in readme for line in table), table
