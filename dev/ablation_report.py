@@ -36,7 +36,7 @@ from nanoloop.verdict import expected_half_width, paired_differences, verdict_li
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "dev" / "results"
-BASE, LAYOUT, EVAL = RESULTS / "cpu-micro", RESULTS / "cpu-micro-layout", RESULTS / "cpu-micro-eval"
+BASE, EVAL = RESULTS / "cpu-micro", RESULTS / "cpu-micro-eval"  # the base's layout anchor: BASE-layout
 # dev/ablate.sh's marker: in OUT from its start until its report is written, so a failed or stopped ablation
 # never looks like a result (the report refuses it; a rerun of the same command finishes it)
 INCOMPLETE = "INCOMPLETE"

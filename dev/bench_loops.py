@@ -22,14 +22,19 @@ from nanoloop.loops import LoopCounts, backward_loops, draw  # noqa: E402
 from nanoloop.runs import compile_or_eager  # noqa: E402
 
 
-def step_times(loops, cfg, steps, batch):
-    """(graphs compiled, seconds per step after the first) of `steps` forward+backward passes at the drawn T."""
+def fresh_model(cfg):
+    """A CPU model at seed 0, with Dynamo's caches and counters emptied, so that each arm counts its own graphs."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     torch.manual_seed(0)
     model = GPT(cfg)
     model.set_device_backend(torch.device("cpu"))
-    compiled, _ = compile_or_eager(model, batch, cfg.seq_len)
+    return model
+
+
+def step_times(loops, cfg, steps, batch):
+    """(graphs compiled, seconds per step after the first) of `steps` forward+backward passes at the drawn T."""
+    compiled, _ = compile_or_eager(fresh_model(cfg), batch, cfg.seq_len)
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len))
     times = []
     for step in range(steps):
@@ -45,12 +50,7 @@ def whole_model_graphs(loops, cfg, steps, batch):
     """(graphs Dynamo traced, how it stopped or "") over the drawn T of the whole model under torch.compile, as
     compile_or_eager compiles a fixed r on GPU. Backend "eager": Dynamo's tracing and guards are the same for
     every backend, so inductor's code generation is not needed to count graphs or to meet a trace that fails."""
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    torch.manual_seed(0)
-    model = GPT(cfg)
-    model.set_device_backend(torch.device("cpu"))
-    compiled = torch.compile(model, backend="eager")
+    compiled = torch.compile(fresh_model(cfg), backend="eager")
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len))
     stopped = ""
     for step in range(steps):

@@ -104,6 +104,16 @@ def phi_table():
 VERDICT_GRIDS = ["cpu-micro-lr", "cpu-micro-trunc", "cpu-micro-hyper", "cpu-micro-gated", "cpu-micro-untied"]
 
 
+def verdict_cell(v, power=False):
+    """A verdict in a table cell: its word, mean and 95% CI, and (power) the CI's half-width."""
+    if v is None:
+        return "-"
+    text = f"{v['word']}: {v['mean']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]"
+    if power:
+        text += f" (±{v['half_width']:.3f})"
+    return text
+
+
 def verdict_table():
     """Each arm against the base, cell by cell (nanoloop/verdict.py): per looped r and pooled, the word, the mean
     validation-loss difference (arm - base, nats/token) and its 95% CI. One seed per cell, so the CI comes from
@@ -115,8 +125,7 @@ def verdict_table():
         verdicts = verdicts_by_r(paired_differences([base], [load_rows(grid)]))
         cells = []
         for label in ("r = 2", "r = 4", "r = 8", "all r"):
-            v = verdicts.get(label)
-            cells.append("-" if v is None else f"{v['word']}: {v['mean']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]")
+            cells.append(verdict_cell(verdicts.get(label)))
         lines.append(f"| {labels[grid]} | " + " | ".join(cells) + " |")
     return lines
 
@@ -128,12 +137,6 @@ QUIET_ARMS = [("cpu-micro-gated-quick-quiet", "gated injection"), ("cpu-micro-hy
               ("cpu-micro-null-quick-quiet", "the null: --seed 100")]
 
 
-def verdict_cell(v):
-    if v is None:
-        return "-"
-    return f"{v['word']}: {v['mean']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}] (±{v['half_width']:.3f})"
-
-
 def quiet_verdict_table():
     """The quick arms on the quiet recipe: per arm its seeds and its verdict at r = 4 (the half-width is the
     power); first the quiet base's seed-0 runs against the grid recipe's at the same cells, r = 1 and r = 4."""
@@ -143,14 +146,14 @@ def quiet_verdict_table():
     recipe = paired_differences([load_rows("cpu-micro")], [load_rows(QUIET_BASE)], looped_only=False)
     verdicts = verdicts_by_r(recipe)
     lines = ["| arm (quick cells) | seeds | r = 1 | r = 4 |", "|---|---|---|---|",
-             f"| the quiet recipe against the grid's | 1 | {verdict_cell(verdicts.get('r = 1'))} | "
-             f"{verdict_cell(verdicts.get('r = 4'))} |"]
+             f"| the quiet recipe against the grid's | 1 | {verdict_cell(verdicts.get('r = 1'), power=True)} | "
+             f"{verdict_cell(verdicts.get('r = 4'), power=True)} |"]
     for grid, label in QUIET_ARMS:
         if not (RESULTS / grid / "fit" / "ablation.json").is_file():
             continue
         pairs = ablation_report.pairs_of(RESULTS / grid, base)
         seeds = max(len(by_seed) for by_seed in pairs.values())
-        lines.append(f"| {label} | {seeds} | - | {verdict_cell(verdicts_by_r(pairs).get('r = 4'))} |")
+        lines.append(f"| {label} | {seeds} | - | {verdict_cell(verdicts_by_r(pairs).get('r = 4'), power=True)} |")
     return lines
 
 EVAL = RESULTS / "cpu-micro-eval"            # the first retrain, scored under nanoloop-v1 (the rules of then)
