@@ -30,7 +30,9 @@ recipe_flags() {  # a candidate recipe's train.py flags, after the grid's (a lat
     avg) echo "--average-last 0.2" ;;                         # the grid's schedule, the last 20% averaged
     lr014) echo "--lr-matrix 0.014" ;;                        # the looped runs' own best LR (cpu-micro-lr)
     cosine-avg-lr014) echo "$QUIET_FLAGS" ;;                  # the quiet recipe (sweep.sh CPU_QUIET_FLAGS)
-    *) echo "noise.sh: unknown recipe '$1' (base, order, cosine, lowlr, avg, cosine-avg, lr014, cosine-avg-lr014)" >&2
+    quiet-lr007) echo "$QUIET_FLAGS --lr-matrix 0.007" ;;     # the quiet recipe at half its MuonH LR
+    quiet-b4096) echo "$QUIET_FLAGS --batch-tokens 4096" ;;   # the quiet recipe in steps of twice the tokens
+    *) echo "noise.sh: unknown recipe '$1' (base, order, cosine, lowlr, avg, cosine-avg, lr014, cosine-avg-lr014, quiet-lr007, quiet-b4096)" >&2
        return 2 ;;
   esac
 }

@@ -243,38 +243,70 @@ def retrain_table():
     return lines
 
 
-NOISE = RESULTS / "cpu-micro-noise"  # dev/noise.sh: seeds x candidate recipes at the quick cells
+NOISE = RESULTS / "cpu-micro-noise"  # dev/noise.sh: seeds x candidate recipes at the quick cells and two budgets
+# the committed grid a recipe's seed 0 retrains (the same run_ids): what kernel rounding and threads alone move
+RETRAINED_GRID = {"base": "cpu-micro", "cosine-avg-lr014": "cpu-micro-quiet"}
+# the noise by source (dev/noise.sh recipes): the seed (initialisation) and the data order on the grid's recipe,
+# the seed on the quiet one (sweep.sh CPU_QUIET_FLAGS)
+NOISE_SOURCES = (("seed, grid", "base"), ("data order, grid", "order"), ("seed, quiet", "cosine-avg-lr014"))
 
 
 def noise_runs():
-    """{(recipe, budget, r, d): {replicate: val loss}} of dev/noise.sh's rows (the recipe and replicate from the
-    folder name it gives each run: r4_s0.25_C1.1e12_cosine_seed2_micro; the "order" recipe's replicate i is the
-    data order i + 1 at seed 0)."""
+    """{(recipe, budget, r, d): {replicate: row}} of dev/noise.sh's rows (the recipe and replicate from the folder
+    name it gives each run: r4_s0.25_C1.1e12_cosine_seed2_micro; the "order" recipe's replicate i is the data
+    order i + 1 at seed 0)."""
     found = {}
     for row in load(NOISE / "results.jsonl"):
         parts = Path(row["out"]).name.split("_")  # r4, s0.25, C1.1e12, recipe, seed<i>, micro
         recipe, replicate = parts[3], int(parts[4].removeprefix("seed"))  # "order": the data order's index
         cell = (recipe, row["flops_budget"], row["r"], row["d_model"])
-        found.setdefault(cell, {})[replicate] = row["val_loss"]
+        found.setdefault(cell, {})[replicate] = row
     return found
+
+
+def retrain_delta(recipe, by_seed):
+    """|seed 0 - the committed run of its run_id| in the grid the recipe retrains, or None where there is none."""
+    committed = val_losses(load_rows(RETRAINED_GRID.get(recipe, "")))
+    if 0 not in by_seed or by_seed[0]["run_id"] not in committed:
+        return None
+    return abs(by_seed[0]["val_loss"] - committed[by_seed[0]["run_id"]])
 
 
 def noise_table():
     """Per candidate recipe and cell: seeds, mean val loss, seed sd (the noise an ablation's verdict must beat),
-    range; and for the base recipe, seed 0 retrained against the committed cpu-micro run of its run_id (the same
-    identity: kernel rounding and threads alone)."""
-    committed = {(row["flops_budget"], row["r"], row["d_model"]): row["val_loss"] for row in load_rows("cpu-micro")}
+    range; and seed 0 retrained against the committed run of its run_id (the same identity: kernel rounding and
+    threads alone), for the recipes a committed grid holds."""
     lines = ["| recipe | C | r | d | seeds | mean | seed sd | range | retrain |Δ| (seed 0) |",
              "|---|---|---|---|---|---|---|---|---|"]
     by_r_then_budget = sorted(noise_runs().items(), key=lambda item: (item[0][2], item[0][1], item[0][0]))
     for (recipe, budget, r, d), by_seed in by_r_then_budget:
-        losses = list(by_seed.values())
+        losses = [row["val_loss"] for row in by_seed.values()]
         sd = statistics.stdev(losses) if len(losses) > 1 else float("nan")
-        retrain = "-"
-        if recipe == "base" and 0 in by_seed and (budget, r, d) in committed:
-            retrain = f"{abs(by_seed[0] - committed[budget, r, d]):.3f}"
+        retrain = retrain_delta(recipe, by_seed)
         lines.append(f"| {recipe} | {budget:.2g} | {r} | {d} | {len(losses)} | {statistics.fmean(losses):.3f} | "
-                     f"{sd:.3f} | {min(losses):.3f}-{max(losses):.3f} | {retrain} |")
+                     f"{sd:.3f} | {min(losses):.3f}-{max(losses):.3f} | "
+                     f"{'-' if retrain is None else f'{retrain:.3f}'} |")
+    return lines
+
+
+def noise_by_source_table():
+    """Per cell (budget, r, d) that dev/noise.sh measured with seeds: the sd of each source (NOISE_SOURCES, with
+    its replicate count) and the retrain |delta| of each recipe (RETRAINED_GRID): the noise before (the grid's
+    recipe) and after (the quiet one), source by source."""
+    runs = noise_runs()
+    cells = sorted({cell[1:] for cell in runs}, key=lambda cell: (cell[0], cell[1], cell[2]))
+    lines = ["| C | r | d | " + " | ".join(f"sd: {label}" for label, _ in NOISE_SOURCES) + " | " +
+             " | ".join(f"retrain |Δ|: {recipe}" for recipe in RETRAINED_GRID) + " |",
+             "|---|---|---|" + "---|" * (len(NOISE_SOURCES) + len(RETRAINED_GRID))]
+    for cell in cells:
+        spreads = []
+        for _, recipe in NOISE_SOURCES:
+            losses = [row["val_loss"] for row in runs.get((recipe, *cell), {}).values()]
+            spreads.append(f"{statistics.stdev(losses):.3f} ({len(losses)})" if len(losses) > 1 else "-")
+        retrains = [retrain_delta(recipe, runs.get((recipe, *cell), {})) for recipe in RETRAINED_GRID]
+        retrain_cells = ["-" if value is None else f"{value:.3f}" for value in retrains]
+        if spreads.count("-") < len(spreads):
+            lines.append(f"| {cell[0]:.2g} | {cell[1]} | {cell[2]} | " + " | ".join(spreads + retrain_cells) + " |")
     return lines
 
 
@@ -380,7 +412,9 @@ def main():
     if (EVAL / "seeds.jsonl").exists():
         print("\nseed spread at 5e12 (nats/token, mean ± half-range)\n" + "\n".join(seed_table()))
     if (NOISE / "results.jsonl").exists():
-        print("\nthe noise at the quick cells: seeds x candidate recipes (dev/noise.sh; val loss, nats/token)\n" +
+        print("\nthe noise by source, grid recipe -> quiet recipe (dev/noise.sh; sd of val loss over replicates, "
+              "nats/token)\n" + "\n".join(noise_by_source_table()))
+        print("\nthe noise per candidate recipe: seeds x recipes (dev/noise.sh; val loss, nats/token)\n" +
               "\n".join(noise_table()))
 
 

@@ -299,3 +299,25 @@ def test_readme_quiet_table_is_the_committed_rows():
     assert "| better: " in table[4] and table[5].startswith("| the null") and "no difference" in table[5]
     readme = (ROOT / "README.md").read_text().splitlines()
     assert all(line in readme for line in table), table
+
+
+def test_dev_readme_noise_by_source_is_the_committed_seeds():
+    """The noise by source (#50; dev/noise.sh, dev/study_tables.py), line for line in dev/README.md: at two budgets
+    of the full grid, every r has five seeds on the grid's recipe and on the quiet one; the quiet recipe halves the
+    looped runs' seed sd pooled over the cells (the root mean variance: 0.048 -> 0.024) and is no noisier at r = 1;
+    a retrain of the same run_id on one kind of machine is bit-identical where the quiet base holds it (the grid's
+    committed rows came from other machines)."""
+    table = study_tables_block("the noise by source")
+    readme = (ROOT / "dev" / "README.md").read_text().splitlines()
+    assert all(line in readme for line in table), table
+    cells = [[field.strip() for field in line.strip("|").split("|")] for line in table[2:]]
+    assert sorted((cell[0], int(cell[1])) for cell in cells if cell[3].endswith("(5)") and cell[5].endswith("(5)")) \
+        == [(budget, r) for budget in ("1.1e+12", "2.4e+12") for r in (1, 2, 4, 8)]
+    grid = {(cell[0], cell[1]): float(cell[3].split()[0]) for cell in cells}  # seed sd per (budget, r)
+    quiet = {(cell[0], cell[1]): float(cell[5].split()[0]) for cell in cells}
+    looped = [key for key in grid if key[1] != "1"]
+    pooled_grid = (sum(grid[key] ** 2 for key in looped) / len(looped)) ** 0.5
+    pooled_quiet = (sum(quiet[key] ** 2 for key in looped) / len(looped)) ** 0.5
+    assert pooled_quiet < pooled_grid / 1.5
+    assert all(quiet[key] <= grid[key] for key in grid if key[1] == "1")
+    assert {cell[7] for cell in cells} == {"-", "0.000"}

@@ -126,8 +126,8 @@ def test_the_delta_phi_noise_is_zero_without_noise_and_grows_with_a_runs_noise()
     rows = fit_laws.prepare_rows(ablation_report.layout_anchored_rows(
         load(ablation_report.BASE / "results.jsonl"), ablation_report.BASE))
     start = phi_noise.fit_joint(rows, restarts=20)["local_optima"]
-    none = phi_noise.delta_phi_draws(rows, start, 0.0, 0.0, draws=2, seed=0, restarts=2)
+    none = phi_noise.delta_phi_draws(rows, start, dict.fromkeys((1, 2, 4, 8), 0.0), draws=2, seed=0, restarts=2)
     assert none == [0.0, 0.0]
-    small = phi_noise.delta_phi_draws(rows, start, 0.0, 0.01, draws=3, seed=0, restarts=2)
-    large = phi_noise.delta_phi_draws(rows, start, 0.0, 0.05, draws=3, seed=0, restarts=2)
+    small = phi_noise.delta_phi_draws(rows, start, {1: 0.0, 2: 0.01, 4: 0.01, 8: 0.01}, draws=3, seed=0, restarts=2)
+    large = phi_noise.delta_phi_draws(rows, start, {1: 0.0, 2: 0.05, 4: 0.05, 8: 0.05}, draws=3, seed=0, restarts=2)
     assert sum(map(abs, large)) > 2 * sum(map(abs, small)) > 0
