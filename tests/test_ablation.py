@@ -284,6 +284,28 @@ def test_a_failed_ablation_is_marked_incomplete_and_its_report_refused(tmp_path)
     assert "not a finished ablation" in refused.stderr and "INCOMPLETE" in refused.stderr
 
 
+@pytest.mark.parametrize("arm", ["gated", "trunc", "hyper"])
+def test_each_committed_full_arms_report_is_what_the_report_prints_now(arm, tmp_path):
+    """The full arms' committed fit/ablation.txt (the gated ablation, and the truncated-BPTT and hyperconnection
+    case studies that sweep.sh trained) is what this checkout's report prints from their committed rows and
+    fits: README's verdicts cannot go stale behind a change to the verdict or the tables."""
+    out = tmp_path / f"cpu-micro-{arm}"
+    (out / "fit").mkdir(parents=True)
+    shutil.copy(RESULTS / out.name / "results.jsonl", out)
+    for name in ("compare.json", "compare_layout.json"):
+        shutil.copy(RESULTS / out.name / "fit" / name, out / "fit")
+    proc = subprocess.run([sys.executable, str(ROOT / "dev" / "ablation_report.py"), str(out)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    committed = (RESULTS / out.name / "fit" / "ablation.txt").read_text().splitlines()
+    # the lines that name where it ran: the figure's path, ablate.sh's timing, the note on who wrote it
+    where = ("(c) wrote", "ablate.sh ", "(report ")
+    assert [line for line in proc.stdout.splitlines() if not line.startswith(where)] == \
+        [line for line in committed if not line.startswith(where)]
+    assert json.loads((out / "fit" / "ablation.json").read_text())["verdicts"] == \
+        json.loads((RESULTS / out.name / "fit" / "ablation.json").read_text())["verdicts"]
+
+
 def test_the_report_leads_with_a_verdict_per_r_and_writes_it_for_a_program(tmp_path):
     """The committed gated arm, reported again: a verdict line per looped r and pooled (no difference at 42 cells
     of one seed, each with its ±), Δφ against the layout-matched anchor next, then the tables; fit/ablation.json
