@@ -133,7 +133,7 @@ plan_arm() {  # the same arguments: every run train_arm would give train.py, and
   shift
   echo; echo "$dir (sweep.sh --grid $grid --variant $variant ${options[*]}):"
   GPUS=0 OUT="$dir" ./sweep.sh --grid "$grid" --variant "$variant" --print "${options[@]}" -- "$@" "${COMPILE_FLAG[@]}" |
-    "$PYTHON" dev/ablation_report.py "$dir" --plan --slots "$CPU_JOBS" -- "$@"
+    "$PYTHON" dev/ablation_report.py "$dir" --plan --slots "$CPU_JOBS" ${TALLY:+--tally "$TALLY"} -- "$@"
 }
 every_arm() {  # ACTION (train_arm or plan_arm) on every arm of the ablation, in the order they train
   local i seed
@@ -155,9 +155,12 @@ if [ -n "$PLAN" ]; then
   if [ -f "$OUT/INCOMPLETE" ]; then
     echo "  $OUT is an unfinished ablation (its INCOMPLETE file says how it stopped); running it finishes it"
   fi
+  TALLY=$(mktemp)  # each arm's runs to train and time, for the total (outside the repository: nothing written)
+  trap 'rm -f "$TALLY"' EXIT
   every_arm plan_arm
   echo
-  "$PYTHON" dev/ablation_report.py "$OUT" --power "$SEEDS" ${QUICK:+--quick} "${REPORT_FLAGS[@]}"
+  "$PYTHON" dev/ablation_report.py "$OUT" --power "$SEEDS" ${QUICK:+--quick} "${REPORT_FLAGS[@]}" \
+    --slots "$CPU_JOBS" --tally "$TALLY"
   exit 0
 fi
 

@@ -384,7 +384,8 @@ PLAN_STATES = {"train": "to train", "resume": "to resume", "reuse": "reused", "d
 def plan_table(lines, flags, slots):
     """--plan's lines: every run of the arm (its `sweep.sh --print` line) with the flags the ablation gives it, what
     train.py will do with it (reuse which committed run of the same run_id, or train it) and, for a run to train,
-    a time at the committed rows' speed; the totals last. DataError for bad flags or missing data."""
+    a time at the committed rows' speed; the totals last. Also the arm's tally for --tally: its runs to train and
+    their estimated wall seconds. DataError for bad flags or missing data."""
     from nanoloop.runs import train_parser
     from nanoloop.sweep_state import plan_runs
     kept, left_out = r1_flags(lines, flags)
@@ -414,7 +415,9 @@ def plan_table(lines, flags, slots):
         steps = round(plan.flops / (plan.flops_per_token * plan.batch_tokens))
         table.append(f"{name:<26}{run.r:>3}{d:>5}{budget_text(run.flops):>9}{steps:>7}  {given:<28}"
                      f"{estimate:>9}  {state} {where}".rstrip())
-    return table + [""] + plan_footer(states, left_out, seconds, slots, rates, parsed[0].compile)
+    to_train = sum(state in ("train", "resume") for state in states)
+    tally = {"to_train": to_train, "seconds": wall_time(seconds, slots) if seconds else 0.0}
+    return table + [""] + plan_footer(states, left_out, seconds, slots, rates, parsed[0].compile), tally
 
 
 def plan_footer(states, left_out, seconds, slots, rates, compiled):
@@ -469,6 +472,9 @@ def parse_args(argv=None):
                    help="--power: the dev/noise.sh recipe whose seed sd sets the power (ablate.sh --quiet: "
                         "cosine-avg-lr014)")
     p.add_argument("--slots", type=positive_int, default=2, help="--plan: runs trained at once (ablate.sh's CPU_JOBS)")
+    p.add_argument("--tally", type=Path, metavar="FILE",
+                   help="--plan: append the arm's runs to train and their time to FILE (JSONL); --power: print the "
+                        "whole ablation's total from FILE first (ablate.sh --plan: every arm, base and replicates)")
     return p.parse_args(argv), flags
 
 
@@ -480,7 +486,11 @@ def before_training(args, flags):
             kept, _ = r1_flags(lines, flags)
             print(" ".join(token for group in kept for token in group))
         else:
-            print("\n".join(plan_table(lines, flags, args.slots)))
+            table, tally = plan_table(lines, flags, args.slots)
+            print("\n".join(table))
+            if args.tally:
+                with open(args.tally, "a") as f:
+                    f.write(json.dumps(tally) + "\n")
     except ValueError as e:  # DataError: a flag, a plan line or the data
         fail("ablate.sh", str(e))
 
@@ -492,6 +502,8 @@ def main():
         before_training(args, flags)
         return
     if args.power:
+        if args.tally:
+            print(tally_line(args.tally, args.slots))
         print("\n".join(power_lines(args.power, args.quick, args.noise_recipe)))
         return
     rows_only = args.layout_anchored_rows or args.same_cells or args.untied_anchored_rows  # ablate.sh's steps
@@ -559,6 +571,16 @@ def base_seed_sd(recipe):
         if len(losses) > 1:
             variances.setdefault(r, []).append(statistics.variance(losses))
     return {r: statistics.fmean(values) ** 0.5 for r, values in variances.items()}
+
+
+def tally_line(path, slots):
+    """--power --tally: what the whole ablation costs, summed over the arms --plan tallied into `path`; the arms
+    train one after another (ablate.sh trains each arm's sweep to the end before the next), so their times add."""
+    arms = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    runs = sum(arm["to_train"] for arm in arms)
+    seconds = sum(arm["seconds"] for arm in arms)
+    return (f"the whole ablation: {runs} run(s) to train over {len(arms)} arm(s), ~{duration(seconds)} on {slots} "
+            f"slot(s), then the fits and the report")
 
 
 def power_lines(seeds, quick, recipe):

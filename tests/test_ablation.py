@@ -254,7 +254,24 @@ def test_the_plan_lists_each_run_reused_or_to_train_with_its_flags_and_writes_no
             assert rest[0] == "--random-state-init" and rest[-1] == "train" and rest[-2] in ("s", "min"), rest
     assert "14 runs: 7 to train, 7 reused" in proc.stdout
     assert "r = 1 runs: not given --random-state-init" in proc.stdout and "time to train: ~" in proc.stdout
+    assert "the whole ablation: 7 run(s) to train over 1 arm(s), ~" in proc.stdout
     assert not out.exists()
+
+
+def test_the_plans_total_adds_every_arms_runs_and_time(tmp_path):
+    """--seeds K trains its arms one after another (the base's replicates, then the variant's), so the plan's
+    total is the sum over the arms --plan tallied: runs to train and estimated wall time, before the power."""
+    tally = tmp_path / "tally.jsonl"
+    arms = [{"to_train": 7, "seconds": 480.0}, {"to_train": 0, "seconds": 0.0}, {"to_train": 7, "seconds": 420.0}]
+    tally.write_text("".join(json.dumps(arm) + "\n" for arm in arms))
+    proc = subprocess.run([sys.executable, str(ROOT / "dev" / "ablation_report.py"), str(tmp_path / "out"),
+                           "--power", "2", "--quick", "--slots", "2", "--tally", str(tally)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "the whole ablation: 14 run(s) to train over 3 arm(s), ~15 min on 2 slot(s), then the fits " \
+                       "and the report"
+    assert lines[1].startswith("power at r = 4: ±")
 
 
 @pytest.mark.slow
