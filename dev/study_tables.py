@@ -134,7 +134,8 @@ def verdict_table():
 # cpu-micro-quiet-seed<i>), paired by cell and seed; the first line is the quiet recipe against the grid's
 QUIET_BASE = "cpu-micro-quiet"
 QUIET_ARMS = [("cpu-micro-gated-quick-quiet", "gated injection"), ("cpu-micro-hyper-quick-quiet", "hyperconnections, K = 2"),
-              ("cpu-micro-null-quick-quiet", "the null: --seed 100")]
+              ("cpu-micro-null-quick-quiet", "the null: --seed 100"),
+              ("cpu-micro-lr007-quick-quiet", "the quiet recipe at MuonH LR 0.007")]
 
 
 def quiet_verdict_table():
@@ -155,6 +156,40 @@ def quiet_verdict_table():
         seeds = max(len(by_seed) for by_seed in pairs.values())
         lines.append(f"| {label} | {seeds} | - | {verdict_cell(verdicts_by_r(pairs).get('r = 4'), power=True)} |")
     return lines
+
+def quick_noise_row(label, folders):
+    """One line of quick_noise_table, or None below two seeds: the r = 4 runs at each quick cell over every seed
+    replicate of the folders, each cell's variance pooled (the root of their mean), and the mean loss."""
+    by_seed = []
+    for folder in folders:
+        by_seed += ablation_report.replicates(folder, lambda i: folder.parent / f"{folder.name}-seed{i}")
+    by_cell = {}
+    for rows in by_seed:
+        for row in rows:
+            if row["r"] == 4:
+                by_cell.setdefault((row["flops_budget"], row["d_model"]), []).append(row["val_loss"])
+    spread_cells = [losses for losses in by_cell.values() if len(losses) > 1]
+    if not spread_cells:
+        return None
+    pooled = statistics.fmean(statistics.variance(losses) for losses in spread_cells) ** 0.5
+    mean = statistics.fmean(loss for losses in spread_cells for loss in losses)
+    return f"| {label} | {len(by_seed)} | {len(spread_cells)} | {pooled:.3f} | {mean:.3f} |"
+
+
+def quick_noise_table():
+    """The seed noise at --quick's cells (r = 4 at 1.1e12 and 2.4e12, 7 widths) of the quiet base and of every
+    quiet arm with two or more seeds: a candidate recipe (the LR arm) is read against the base like any arm. The
+    null trains the base's own distribution at other seeds, so the two together are the recipe's best estimate."""
+    lines = ["| r = 4 at the quick cells | seeds | cells | seed sd (pooled) | mean val loss |", "|---|---|---|---|---|"]
+    arms = [((QUIET_BASE,), "the quiet base")] + [((grid,), label) for grid, label in QUIET_ARMS]
+    arms.append(((QUIET_BASE, "cpu-micro-null-quick-quiet"), "the quiet recipe: the base's seeds and the null's"))
+    for grids, label in arms:
+        folders = [RESULTS / grid for grid in grids]
+        if all((folder / "results.jsonl").is_file() for folder in folders):
+            if row := quick_noise_row(label, folders):
+                lines.append(row)
+    return lines
+
 
 EVAL = RESULTS / "cpu-micro-eval"            # the first retrain, scored under nanoloop-v1 (the rules of then)
 EVAL_CORE = RESULTS / "cpu-micro-eval-core"  # a second retrain, scored under core and again under nanoloop-v1
@@ -395,6 +430,7 @@ def main():
     if quiet := quiet_verdict_table():
         print("\nthe quick arms on the quiet recipe against its base (cpu-micro-quiet), paired by cell and seed: "
               "verdict, mean Δ val loss and 95% CI (± its half-width)\n" + "\n".join(quiet))
+        print("\nthe seed noise at the quick cells, quiet recipe (nats/token)\n" + "\n".join(quick_noise_table()))
     print("\nbest width per (budget, column): val loss (nats/token) and d\n" + "\n".join(best))
     print("\nevery run: val loss (nats/token)\n" + "\n".join(full))
     if (EVAL_CORE / "fit").is_dir():

@@ -9,6 +9,7 @@ every committed bootstrap CI is the 95% interval its resamples' fractions say it
 import dataclasses
 import hashlib
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -299,6 +300,28 @@ def test_readme_quiet_table_is_the_committed_rows():
     assert "| better: " in table[4] and table[5].startswith("| the null") and "no difference" in table[5]
     readme = (ROOT / "README.md").read_text().splitlines()
     assert all(line in readme for line in table), table
+
+
+def test_dev_readme_seed_noise_at_the_quick_cells_is_the_committed_replicates():
+    """The seed noise at --quick's 7 cells (dev/study_tables.py), line for line in dev/README.md: the quiet base
+    and every quiet arm with at least two seeds, then the base's seeds with the null's (one distribution): 8
+    seeds at all 7 cells, whose pooled sd is recomputed here from the replicates' rows."""
+    table = study_tables_block("the seed noise at the quick cells")
+    readme = (ROOT / "dev" / "README.md").read_text().splitlines()
+    assert all(line in readme for line in table), table
+    cells = [[field.strip() for field in line.strip("|").split("|")] for line in table[2:]]
+    assert cells[0][0] == "the quiet base" and all(int(cell[1]) >= 2 and cell[2] == "7" for cell in cells)
+    together = cells[-1]
+    assert together[0] == "the quiet recipe: the base's seeds and the null's" and together[1] == "8"
+    losses = {}
+    for arm in ("cpu-micro-quiet", "cpu-micro-null-quick-quiet"):
+        for folder in [RESULTS / arm] + [RESULTS / f"{arm}-seed{i}" for i in (1, 2, 3)]:
+            for row in read_jsonl(folder / "results.jsonl"):
+                if row["r"] == 4:
+                    losses.setdefault((row["flops_budget"], row["d_model"]), []).append(row["val_loss"])
+    assert len(losses) == 7 and all(len(values) == 8 for values in losses.values())
+    pooled = statistics.fmean(statistics.variance(values) for values in losses.values()) ** 0.5
+    assert float(together[3]) == pytest.approx(pooled, abs=0.0005)
 
 
 def test_dev_readme_noise_by_source_is_the_committed_seeds():
