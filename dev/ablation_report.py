@@ -533,11 +533,11 @@ def replicates(first, folder_of):
     return found
 
 
-def pairs_of(out, base):
+def pairs_of(out, base, looped_only=True):
     """The arm's paired differences over every replicate both arms have (nanoloop/verdict.paired_differences)."""
     variant = replicates(out, lambda i: out.parent / f"{out.name}-seed{i}")
     base_rows = replicates(base, lambda i: base.parent / f"{base.name}-seed{i}")
-    return paired_differences(base_rows, variant)
+    return paired_differences(base_rows, variant, looped_only=looped_only)
 
 
 def verdict_section(out, name, base):

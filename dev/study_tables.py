@@ -152,9 +152,11 @@ def quiet_verdict_table():
     for grid, label in QUIET_ARMS:
         if not (RESULTS / grid / "fit" / "ablation.json").is_file():
             continue
-        pairs = ablation_report.pairs_of(RESULTS / grid, base)
+        pairs = ablation_report.pairs_of(RESULTS / grid, base, looped_only=False)  # r = 1 where the arm changes it
         seeds = max(len(by_seed) for by_seed in pairs.values())
-        lines.append(f"| {label} | {seeds} | - | {verdict_cell(verdicts_by_r(pairs).get('r = 4'), power=True)} |")
+        verdicts = verdicts_by_r(pairs)
+        lines.append(f"| {label} | {seeds} | {verdict_cell(verdicts.get('r = 1'), power=True)} | "
+                     f"{verdict_cell(verdicts.get('r = 4'), power=True)} |")
     return lines
 
 def quick_noise_row(label, folders):
