@@ -27,7 +27,8 @@
 # other machines: a guide, not a measurement of this one); then the totals. It needs the grid's data
 # (data/micro-2k, which the ablation itself builds first).
 # The flags are checked before anything is written, one line and exit 2 for: train.py's --help, a flag train.py
-# refuses, a flag the grid sets per run (--r, --scale, --flops, --out, ...), a model some run refuses. A loop flag
+# refuses, a flag the grid sets per run (--r, --scale, --flops, --out, ...), a model some run refuses, and an OUT
+# (or a replicate's folder) whose runs were trained with other flags (give the ablation another NAME). A loop flag
 # that means nothing at r = 1 (flops.ModelConfig refuses it for the plain r = 1 stack: --random-state-init,
 # --r-bwd 2, --untied) is not given to the r = 1 runs, which stay the base's own (sweep.sh --r1-flags); the plan
 # says so.
@@ -58,6 +59,7 @@ NAME="$1"; shift
 QUICK=""
 QUIET=""
 PLAN=""
+CHECK_ONLY=""  # plan_arm for the check before training: no output unless a run is refused
 SEEDS=1
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case "$1" in
@@ -131,9 +133,10 @@ plan_arm() {  # the same arguments: every run train_arm would give train.py, and
   shift 3
   while [ "$1" != -- ]; do options+=("$1"); shift; done
   shift
-  echo; echo "$dir (sweep.sh --grid $grid --variant $variant ${options[*]}):"
+  if [ -z "$CHECK_ONLY" ]; then echo; echo "$dir (sweep.sh --grid $grid --variant $variant ${options[*]}):"; fi
   GPUS=0 OUT="$dir" ./sweep.sh --grid "$grid" --variant "$variant" --print "${options[@]}" -- "$@" "${COMPILE_FLAG[@]}" |
-    "$PYTHON" dev/ablation_report.py "$dir" --plan --slots "$CPU_JOBS" ${TALLY:+--tally "$TALLY"} -- "$@"
+    "$PYTHON" dev/ablation_report.py "$dir" --plan --slots "$CPU_JOBS" ${TALLY:+--tally "$TALLY"} \
+      ${CHECK_ONLY:+--check} -- "$@"
 }
 every_arm() {  # ACTION (train_arm or plan_arm) on every arm of the ablation, in the order they train
   local i seed
@@ -164,6 +167,11 @@ if [ -n "$PLAN" ]; then
   exit 0
 fi
 
+# A rerun with other flags than OUT's runs were trained with would be refused run by run, after the report below
+# is removed: every arm is checked first (the plan's "refused"), one line and exit 2, nothing written.
+CHECK_ONLY=1
+every_arm plan_arm
+CHECK_ONLY=""
 # From here on OUT says it is not a result until the report is written (dev/ablation_report.py refuses it).
 mkdir -p "$OUT/fit"
 echo "$COMMAND: started $(date -u +%FT%TZ); not finished (running, failed or stopped). Rerun the same command to" \

@@ -416,7 +416,8 @@ def plan_table(lines, flags, slots):
         table.append(f"{name:<26}{run.r:>3}{d:>5}{budget_text(run.flops):>9}{steps:>7}  {given:<28}"
                      f"{estimate:>9}  {state} {where}".rstrip())
     to_train = sum(state in ("train", "resume") for state in states)
-    tally = {"to_train": to_train, "seconds": wall_time(seconds, slots) if seconds else 0.0}
+    refused = [str(run.out) for run, state in zip(parsed, states) if state == "refused"]
+    tally = {"to_train": to_train, "seconds": wall_time(seconds, slots) if seconds else 0.0, "refused": refused}
     return table + [""] + plan_footer(states, left_out, seconds, slots, rates, parsed[0].compile), tally
 
 
@@ -472,6 +473,9 @@ def parse_args(argv=None):
                    help="--power: the dev/noise.sh recipe whose seed sd sets the power (ablate.sh --quiet: "
                         "cosine-avg-lr014)")
     p.add_argument("--slots", type=positive_int, default=2, help="--plan: runs trained at once (ablate.sh's CPU_JOBS)")
+    p.add_argument("--check", action="store_true",
+                   help="--plan: print nothing; one line and exit 2 if a run's folder holds another run (ablate.sh "
+                        "asks this of every arm before it writes anything)")
     p.add_argument("--tally", type=Path, metavar="FILE",
                    help="--plan: append the arm's runs to train and their time to FILE (JSONL); --power: print the "
                         "whole ablation's total from FILE first (ablate.sh --plan: every arm, base and replicates)")
@@ -487,7 +491,12 @@ def before_training(args, flags):
             print(" ".join(token for group in kept for token in group))
         else:
             table, tally = plan_table(lines, flags, args.slots)
-            print("\n".join(table))
+            if args.check and tally["refused"]:
+                raise DataError(f"{tally['refused'][0]} holds a run of other flags: {args.out} was trained with "
+                                f"other ones than these (its logs/*.log say which); give this ablation another "
+                                f"NAME (or OUT), nothing was written")
+            if not args.check:
+                print("\n".join(table))
             if args.tally:
                 with open(args.tally, "a") as f:
                     f.write(json.dumps(tally) + "\n")

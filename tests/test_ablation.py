@@ -274,6 +274,19 @@ def test_the_plans_total_adds_every_arms_runs_and_time(tmp_path):
     assert lines[1].startswith("power at r = 4: ±")
 
 
+def test_a_rerun_with_other_flags_is_refused_before_it_touches_the_finished_ablation(committed_data, tmp_path):
+    """The committed gated quick arm asked again under its NAME with another change (hyper, not gated): every arm is
+    checked before anything is written, so it is one line and exit 2, and the finished report stays a result (no
+    INCOMPLETE marker, fit/ablation.txt where it was), instead of a refusal at each run after the report is gone."""
+    out = tmp_path / "cpu-micro-gated-quick"
+    shutil.copytree(RESULTS / "cpu-micro-gated-quick", out)
+    report = (out / "fit" / "ablation.txt").read_text()
+    proc = ablate("gated", "--quick", "--", "--injection", "hyper", OUT=str(out), DATA=str(committed_data))
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "holds a run of other flags" in proc.stderr and "another NAME" in proc.stderr
+    assert (out / "fit" / "ablation.txt").read_text() == report and not (out / "INCOMPLETE").exists()
+
+
 @pytest.mark.slow
 def test_the_plan_in_a_fresh_clone_builds_the_data_and_reuses_the_committed_r1_runs(tmp_path):
     """README's preview in a clone without data/micro-2k: the plan builds it as the base's was (the same bytes,
@@ -287,13 +300,19 @@ def test_the_plan_in_a_fresh_clone_builds_the_data_and_reuses_the_committed_r1_r
 
 @pytest.mark.slow
 def test_a_failed_ablation_is_marked_incomplete_and_its_report_refused(tmp_path):
-    """A failure after ablate.sh has started (here its data is damaged: val.bin empty) leaves OUT/INCOMPLETE saying
-    how it stopped and no fit/ablation.txt; dev/ablation_report.py refuses the folder in one line."""
+    """Damaged data the check before training can see (val.bin empty) is one line, exit 2, nothing written; a
+    failure after ablate.sh has started (no training tokens: every run to train fails) leaves OUT/INCOMPLETE
+    saying how it stopped and no fit/ablation.txt; dev/ablation_report.py refuses the folder in one line."""
     data = meta_only_dataset(tmp_path / "data", val_rows=3127)
     out = tmp_path / "cpu-micro-rsi-quick"
     proc = ablate("rsi", "--quick", "--", "--random-state-init", OUT=str(out), DATA=str(data))
-    assert proc.returncode == 2, proc.stderr
-    assert "failed (exit 2)" in (out / "INCOMPLETE").read_text()
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and "val.bin: 0 bytes" in proc.stderr
+    assert not out.exists()
+    seq_len = json.loads((data / "meta.json").read_text())["seq_len"]
+    (data / "val.bin").write_bytes(bytes(2 * 3127 * (seq_len + 1)))  # the size meta.json says; train.bin stays empty
+    proc = ablate("rsi", "--quick", "--", "--random-state-init", OUT=str(out), DATA=str(data))
+    assert proc.returncode == 1, proc.stderr
+    assert "failed (exit 1)" in (out / "INCOMPLETE").read_text()
     assert not (out / "fit" / "ablation.txt").exists()
     refused = subprocess.run([sys.executable, str(ROOT / "dev" / "ablation_report.py"), str(out)],
                              capture_output=True, text=True, timeout=120)
