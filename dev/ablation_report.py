@@ -32,7 +32,7 @@ from nanoloop.common import DataError, fail, one_line_errors, positive_int  # no
 from nanoloop.laws import ci_bounds_reached, estimate_text, is_untied  # noqa: E402 (the one way a CI is printed)
 from nanoloop.loops import check_loops_fit, loop_counts_from_args  # noqa: E402
 from nanoloop.sweep_state import duration, parse_flags  # noqa: E402
-from nanoloop.verdict import expected_half_width, paired_differences, verdict_line, verdicts_by_r  # noqa: E402
+from nanoloop.verdict import cell_of, expected_half_width, paired_differences, verdict_line, verdicts_by_r  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "dev" / "results"
@@ -513,7 +513,7 @@ def main():
     if args.power:
         if args.tally:
             print(tally_line(args.tally, args.slots))
-        print("\n".join(power_lines(args.power, args.quick, args.noise_recipe)))
+        print("\n".join(power_lines(args.power, args.quick, args.noise_recipe, args.base.resolve())))
         return
     rows_only = args.layout_anchored_rows or args.same_cells or args.untied_anchored_rows  # ablate.sh's steps
     if (out / INCOMPLETE).is_file() and not rows_only:
@@ -592,12 +592,36 @@ def tally_line(path, slots):
             f"slot(s), then the fits and the report")
 
 
-def power_lines(seeds, quick, recipe):
-    """--power: the 95% half-width the arm's design should give, per looped r, from the recipe's measured seed sd
-    (the largest measured r's where r itself was not measured); and the seeds a +-0.010 verdict takes."""
+def replicate_seed_sd(base):
+    """({r: seed sd pooled over the base's replicates}, replicates): each cell with two or more seeds gives its
+    variance over the seeds, weighted by its degrees of freedom. Measured where a quick arm runs, at the seeds the
+    base has (the quiet base: 7), where dev/noise.sh measured one cell per r."""
+    if not (base / "results.jsonl").is_file():
+        return {}, 0
+    losses = {}
+    found = replicates(base, lambda i: base.parent / f"{base.name}-seed{i}")
+    for rows in found:
+        for row in rows:
+            losses.setdefault(cell_of(row), []).append(float(row["val_loss"]))
+    squares, dfs = {}, {}
+    for (_, r, _), values in losses.items():
+        if len(values) > 1:
+            squares[r] = squares.get(r, 0.0) + statistics.variance(values) * (len(values) - 1)
+            dfs[r] = dfs.get(r, 0) + len(values) - 1
+    return {r: (squares[r] / dfs[r]) ** 0.5 for r in squares}, len(found)
+
+
+def power_lines(seeds, quick, recipe, base):
+    """--power: the 95% half-width the arm's design should give, per looped r, from the seed sd of the base's own
+    replicates where --quick has them (at its cells), else the recipe's in dev/noise.sh (the largest measured r's
+    where r itself was not measured); and the seeds a +-0.010 verdict takes."""
     if not (NOISE / "results.jsonl").is_file():
         return [f"power: {NOISE / 'results.jsonl'} not found (bash dev/noise.sh measures the seed noise)"]
-    sds = base_seed_sd(recipe)
+    sds, n_replicates = replicate_seed_sd(base) if quick else ({}, 0)
+    source = f"the base's {n_replicates} replicates at these cells"
+    if not sds:
+        sds = base_seed_sd(recipe)
+        source = f"dev/noise.sh's {recipe}"
     lines = []
     for r, n_cells in (QUICK_CELLS if quick else FULL_CELLS).items():
         sd = sds.get(r, max(sds.values()))
@@ -605,7 +629,7 @@ def power_lines(seeds, quick, recipe):
         width = expected_half_width(sd, n_cells, seeds)
         enough = next((k for k in range(1, 101) if expected_half_width(sd, n_cells, k) <= 0.010), None)
         lines.append(f"power at r = {r}: ±{width:.3f} nats (95% CI half-width) from {n_cells} cells x {seeds} "
-                     f"seed(s), seed sd {sd:.3f} ({measured}, dev/noise.sh's {recipe}); ±0.010 takes {enough or '> 100'} seeds")
+                     f"seed(s), seed sd {sd:.3f} ({measured}, {source}); ±0.010 takes {enough or '> 100'} seeds")
     return lines
 
 

@@ -274,6 +274,21 @@ def test_the_plans_total_adds_every_arms_runs_and_time(tmp_path):
     assert lines[1].startswith("power at r = 4: ±")
 
 
+@pytest.mark.parametrize("arm", ["gated", "null", "lr007", "hyper"])
+def test_the_plans_power_is_the_half_width_the_committed_quiet_arms_reached(arm):
+    """--plan's power for a --quick --quiet arm comes from the quiet base's own replicates at the quick cells (7
+    seeds), and it is what the committed arms then reached: at most the predicted half-width (the prediction takes
+    the arms' noise as independent; pairing can only share some of it), and not less than half of it, at their
+    seeds; so a plan's "±0.010 takes K seeds" is an honest price."""
+    base = RESULTS / "cpu-micro-quiet"
+    reached = json.loads((RESULTS / f"cpu-micro-{arm}-quick-quiet" / "fit" / "ablation.json").read_text())
+    reached = reached["verdicts"]["r = 4"]
+    line, = ablation_report.power_lines(reached["n_seeds"], True, "cosine-avg-lr014", base)
+    assert "the base's 7 replicates at these cells" in line
+    predicted = float(re.search(r"±([0-9.]+) nats", line).group(1))
+    assert 0.5 * predicted <= reached["half_width"] <= predicted + 0.0005  # the line rounds to 0.001
+
+
 def test_a_rerun_with_other_flags_is_refused_before_it_touches_the_finished_ablation(committed_data, tmp_path):
     """The committed gated quick arm asked again under its NAME with another change (hyper, not gated): every arm is
     checked before anything is written, so it is one line and exit 2, and the finished report stays a result (no

@@ -305,22 +305,23 @@ def test_readme_quiet_table_is_the_committed_rows():
 
 def test_dev_readme_seed_noise_at_the_quick_cells_is_the_committed_replicates():
     """The seed noise at --quick's 7 cells (dev/study_tables.py), line for line in dev/README.md: the quiet base
-    and every quiet arm with at least two seeds, then the base's seeds with the null's (one distribution): 8
-    seeds at all 7 cells, whose pooled sd is recomputed here from the replicates' rows."""
+    and every quiet arm with at least two seeds, then the base's seeds with the null's (one distribution): 11
+    seeds at all 7 cells (the base's 7, the null's 4), whose pooled sd is recomputed here from the replicates'
+    rows."""
     table = study_tables_block("the seed noise at the quick cells")
     readme = (ROOT / "dev" / "README.md").read_text().splitlines()
     assert all(line in readme for line in table), table
     cells = [[field.strip() for field in line.strip("|").split("|")] for line in table[2:]]
     assert cells[0][0] == "the quiet base" and all(int(cell[1]) >= 2 and cell[2] == "7" for cell in cells)
     together = cells[-1]
-    assert together[0] == "the quiet recipe: the base's seeds and the null's" and together[1] == "8"
+    assert together[0] == "the quiet recipe: the base's seeds and the null's" and together[1] == "11"
     losses = {}
-    for arm in ("cpu-micro-quiet", "cpu-micro-null-quick-quiet"):
-        for folder in [RESULTS / arm] + [RESULTS / f"{arm}-seed{i}" for i in (1, 2, 3)]:
+    for arm, seeds in (("cpu-micro-quiet", 7), ("cpu-micro-null-quick-quiet", 4)):
+        for folder in [RESULTS / arm] + [RESULTS / f"{arm}-seed{i}" for i in range(1, seeds)]:
             for row in read_jsonl(folder / "results.jsonl"):
                 if row["r"] == 4:
                     losses.setdefault((row["flops_budget"], row["d_model"]), []).append(row["val_loss"])
-    assert len(losses) == 7 and all(len(values) == 8 for values in losses.values())
+    assert len(losses) == 7 and all(len(values) == 11 for values in losses.values())
     pooled = statistics.fmean(statistics.variance(values) for values in losses.values()) ** 0.5
     assert float(together[3]) == pytest.approx(pooled, abs=0.0005)
 
