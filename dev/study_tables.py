@@ -159,9 +159,8 @@ def quiet_verdict_table():
                      f"{verdict_cell(verdicts.get('r = 4'), power=True)} |")
     return lines
 
-def quick_noise_row(label, folders):
-    """One line of quick_noise_table, or None below two seeds: the r = 4 runs at each quick cell over every seed
-    replicate of the folders, each cell's variance pooled (the root of their mean), and the mean loss."""
+def quick_rows_by_cell(folders):
+    """({(budget, d): [r = 4 rows, one per seed]}, seeds) over every seed replicate of the folders."""
     by_seed = []
     for folder in folders:
         by_seed += ablation_report.replicates(folder, lambda i: folder.parent / f"{folder.name}-seed{i}")
@@ -169,13 +168,33 @@ def quick_noise_row(label, folders):
     for rows in by_seed:
         for row in rows:
             if row["r"] == 4:
-                by_cell.setdefault((row["flops_budget"], row["d_model"]), []).append(row["val_loss"])
-    spread_cells = [losses for losses in by_cell.values() if len(losses) > 1]
+                by_cell.setdefault((row["flops_budget"], row["d_model"]), []).append(row)
+    return by_cell, len(by_seed)
+
+
+def quick_noise_row(label, folders):
+    """One line of quick_noise_table, or None below two seeds: the r = 4 runs at each quick cell over every seed
+    replicate of the folders, each cell's variance pooled (the root of their mean), and the mean loss."""
+    by_cell, seeds = quick_rows_by_cell(folders)
+    spread_cells = [[row["val_loss"] for row in rows] for rows in by_cell.values() if len(rows) > 1]
     if not spread_cells:
         return None
     pooled = statistics.fmean(statistics.variance(losses) for losses in spread_cells) ** 0.5
     mean = statistics.fmean(loss for losses in spread_cells for loss in losses)
-    return f"| {label} | {len(by_seed)} | {len(spread_cells)} | {pooled:.3f} | {mean:.3f} |"
+    return f"| {label} | {seeds} | {len(spread_cells)} | {pooled:.3f} | {mean:.3f} |"
+
+
+def quick_noise_by_cell_table():
+    """Where the quick cells' seed noise lives: per cell, over the quiet base's seeds and the null's (one
+    distribution), its seed sd beside its steps and its training tokens per (non-embedding) parameter."""
+    by_cell, seeds = quick_rows_by_cell([RESULTS / QUIET_BASE, RESULTS / "cpu-micro-null-quick-quiet"])
+    lines = ["| budget C | d | steps | tokens per parameter | seeds | seed sd | mean val loss |",
+             "|---|---|---|---|---|---|---|"]
+    for (budget, d), rows in sorted(by_cell.items()):
+        losses = [row["val_loss"] for row in rows]
+        lines.append(f"| {budget:.1e} | {d} | {rows[0]['steps']} | {rows[0]['tokens'] / rows[0]['n_params']:.0f} | "
+                     f"{len(losses)} | {statistics.stdev(losses):.3f} | {statistics.fmean(losses):.3f} |")
+    return lines
 
 
 def quick_noise_table():
@@ -433,6 +452,8 @@ def main():
         print("\nthe quick arms on the quiet recipe against its base (cpu-micro-quiet), paired by cell and seed: "
               "verdict, mean Δ val loss and 95% CI (± its half-width)\n" + "\n".join(quiet))
         print("\nthe seed noise at the quick cells, quiet recipe (nats/token)\n" + "\n".join(quick_noise_table()))
+        print("\nthe seed noise per quick cell, r = 4, the quiet base's seeds and the null's (nats/token)\n" +
+              "\n".join(quick_noise_by_cell_table()))
     print("\nbest width per (budget, column): val loss (nats/token) and d\n" + "\n".join(best))
     print("\nevery run: val loss (nats/token)\n" + "\n".join(full))
     if (EVAL_CORE / "fit").is_dir():

@@ -326,6 +326,22 @@ def test_dev_readme_seed_noise_at_the_quick_cells_is_the_committed_replicates():
     assert float(together[3]) == pytest.approx(pooled, abs=0.0005)
 
 
+def test_the_quick_cells_noise_lives_where_the_tokens_per_parameter_are_fewest():
+    """Per quick cell (dev/study_tables.py, line for line in dev/README.md), over the quiet base's 7 seeds and the
+    null's 4: the two cells trained on the fewest tokens per parameter (the widest at each budget, ~10 and ~8)
+    hold the largest seed sd, each more than twice the quietest cell's, so it is the under-trained
+    wide runs, not the recipe at large, that set the quick verdict's power."""
+    table = study_tables_block("the seed noise per quick cell")
+    readme = (ROOT / "dev" / "README.md").read_text().splitlines()
+    assert all(line in readme for line in table), table
+    cells = [[field.strip() for field in line.strip("|").split("|")] for line in table[2:]]
+    assert len(cells) == 7 and all(cell[4] == "11" for cell in cells)
+    by_tokens = sorted(cells, key=lambda cell: float(cell[3]))
+    noisiest = sorted(cells, key=lambda cell: -float(cell[5]))
+    assert {tuple(cell[:2]) for cell in by_tokens[:2]} == {tuple(cell[:2]) for cell in noisiest[:2]}
+    assert min(float(cell[5]) for cell in by_tokens[:2]) > 2 * min(float(cell[5]) for cell in by_tokens[2:])
+
+
 def test_dev_readme_noise_by_source_is_the_committed_seeds():
     """The noise by source (#50; dev/noise.sh, dev/study_tables.py), line for line in dev/README.md: at two budgets
     of the full grid, every r has five seeds on the grid's recipe and on the quiet one; the quiet recipe halves the
