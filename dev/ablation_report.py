@@ -18,6 +18,7 @@ base, run for run. Reads rows and fit_laws.py's JSON only; fits nothing itself.
 """
 import argparse
 import json
+import math
 import shlex
 import statistics
 import subprocess
@@ -91,9 +92,27 @@ def paired_table(base, variant):
     return lines
 
 
-def spread_lines(retrain, seeds):
+def replicate_spread(base):
+    """{r: [|delta val loss|]} of the base against itself at another seed: each replicate i >= 1 against
+    replicate 0 at every looped cell both have. On a recipe whose retrain is bit-identical (the quiet one) this,
+    not a retrain, is what a change that does nothing moves a cell."""
+    found = replicates(base, lambda i: base.parent / f"{base.name}-seed{i}") if (base / "results.jsonl").is_file() else []
+    if len(found) < 2:
+        return {}
+    first = {cell_of(row): float(row["val_loss"]) for row in found[0]}
+    spread = {}
+    for rows in found[1:]:
+        for row in rows:
+            cell = cell_of(row)
+            if cell[1] > 1 and cell in first:
+                spread.setdefault(cell[1], []).append(abs(float(row["val_loss"]) - first[cell]))
+    return spread
+
+
+def spread_lines(retrain, seeds, reseeded):
     lines = ["| nothing changed | r | runs | median |Δ| | max |Δ| |", "|---|---|---|---|---|"]
-    for label, spread in (("retrained here (same run_id)", retrain), ("seed 1 vs seed 0 (5e12)", seeds)):
+    for label, spread in (("retrained here (same run_id)", retrain), ("seed 1 vs seed 0 (5e12)", seeds),
+                          ("the base at seed i vs seed 0 (its replicates)", reseeded)):
         for r, values in sorted(spread.items()):
             lines.append(f"| {label} | {r} | {len(values)} | {statistics.median(values):.3f} | {max(values):.3f} |")
     if not retrain and not seeds:
@@ -131,30 +150,30 @@ def best_width_deltas(base, variant, r):
     return points
 
 
-def plot_differences(base, variant, name, retrain, path, pairs):
+def plot_differences(base, variant, name, noise, path, pairs, verdicts):
     """fit/ablation.png: a panel per looped r, every paired cell's difference (variant - base, the mean over its
-    seeds, a bar of +-1 seed sd where it has two or more; widths side by side at each budget) and the best-width
-    difference per budget, over a grey band of what retraining alone moves a run of that r (noise_floor: the
-    median and the largest |delta|). A point inside the band is not a signal; the verdict line says what is."""
+    seeds, a bar of +-1 seed sd where it has two or more; widths side by side at each budget), the best-width
+    difference per budget and the verdict (its mean and 95% CI, blue), over a grey band of what nothing changed
+    moves a run of that r (noise: (label, {r: [|delta|]}), the median and the largest). A point inside the band is
+    not a signal; the verdict's interval says what is."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
     rs = sorted({r for _, r in variant})
     budgets = sorted({budget for budget, _ in variant})
-    fig, axes = plt.subplots(1, len(rs), figsize=(3.3 * len(rs) + 1.2, 3.8), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(rs), figsize=(3.3 * len(rs) + 1.2, 4.2), sharey=True, squeeze=False)
     for ax, r in zip(axes[0], rs):
-        noise = retrain.get(r)
-        if noise:  # the wide band first, so that the narrow one is drawn over it
-            for level, shade, what in ((max(noise), 0.15, "max"), (statistics.median(noise), 0.3, "median")):
-                label = f"a retrain alone: |Δ| {what} {level:.3f}"
-                ax.axhspan(-level, level, color="grey", alpha=shade, lw=0, label=label)
+        draw_noise_band(ax, noise, r)
         ax.axhline(0, color="black", lw=0.8)
+        v = verdicts.get(f"r = {r}")
+        if v and math.isfinite(v["half_width"]):
+            ax.axhspan(*v["ci"], color="tab:blue", alpha=0.3, lw=0, label=f"verdict: {v['word']} (95% CI)")
+            ax.axhline(v["mean"], color="tab:blue", lw=1, ls="--")
         draw_cells(ax, {cell: by_seed for cell, by_seed in pairs.items() if cell[1] == r})
         points = best_width_deltas(base, variant, r)
-        budgets_here = [budget for budget, _ in points]
-        deltas = [delta for _, delta in points]
-        ax.plot(budgets_here, deltas, "o-", color="tab:blue", label=f"{name} − base")
+        ax.plot([budget for budget, _ in points], [delta for _, delta in points], "o-", color="tab:blue",
+                label="each budget's best width")
         ax.set_xscale("log")
         # the grid's budgets as the ticks, and no minor labels (log axes label 2e12, 3e12, ... on their own)
         ax.set_xticks(budgets, [budget_text(budget) for budget in budgets])
@@ -162,12 +181,22 @@ def plot_differences(base, variant, name, retrain, path, pairs):
         ax.set_xlim(budgets[0] / 1.4, budgets[-1] * 1.4)
         ax.set_title(f"r = {r}", fontsize=10)
         ax.set_xlabel("budget C (FLOPs)")
-        ax.legend(fontsize=7, loc="best")
-    axes[0][0].set_ylabel("Δ val loss (nats/token)")
-    fig.suptitle(f"{name} − base: every cell (its seeds) and each budget's best width", fontsize=10)
+        ax.legend(fontsize=6.5, loc="best")
+    axes[0][0].set_ylabel(f"Δ val loss, {name} − base (nats/token)", fontsize=9)
+    fig.suptitle(f"{name} − base:\nevery cell (its seeds), the best widths, the verdict", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def draw_noise_band(ax, noise, r):
+    """The grey band of noise = (label, {r: [|delta|]}) at r: the largest |delta| wide and light, the median over it."""
+    label, spread = noise
+    values = spread.get(r)
+    if not values:
+        return
+    for level, shade, what in ((max(values), 0.15, "max"), (statistics.median(values), 0.3, "median")):
+        ax.axhspan(-level, level, color="grey", alpha=shade, lw=0, label=f"{label}: |Δ| {what} {level:.3f}")
 
 
 def draw_cells(ax, pairs):
@@ -650,8 +679,9 @@ def report(out, variant_rows, base_dir):
     print(f"(a) {name} minus base, validation loss (nats/token); r = 1 is the same run in both arms\n")
     print("\n".join(paired_table(base, looped)))
     retrain, seeds = noise_floor()
+    reseeded = replicate_spread(base_dir)
     print("\nwhat the same comparison gives with nothing changed (|Δ val loss|, nats/token):\n")
-    print("\n".join(spread_lines(retrain, seeds)))
+    print("\n".join(spread_lines(retrain, seeds, reseeded)))
     print(f"\n(b) delta-phi = phi({name}) - phi(base), 95% CI (fit_laws.py --compare)\n")
     if any(is_untied(row) for row in variant_rows):
         print(f"the {name} arm trains untied loops, which share nothing: an anchor. Its φ is the base's looped runs' "
@@ -660,7 +690,8 @@ def report(out, variant_rows, base_dir):
     print(delta_phi_line("layout-matched r = 1", out / "fit" / "compare_layout.json"))
     print(delta_phi_line("plain r = 1", out / "fit" / "compare.json"))
     (out / "fit").mkdir(exist_ok=True)
-    plot_differences(base, looped, name, retrain, out / "fit" / "ablation.png", pairs_of(out, base_dir))
+    noise = ("another seed of the base", reseeded) if reseeded else ("a retrain alone", retrain)
+    plot_differences(base, looped, name, noise, out / "fit" / "ablation.png", pairs_of(out, base_dir), verdicts)
     print(f"\n(c) wrote {out / 'fit' / 'ablation.png'}")
 
 

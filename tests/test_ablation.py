@@ -276,15 +276,16 @@ def test_the_plans_total_adds_every_arms_runs_and_time(tmp_path):
 
 @pytest.mark.parametrize("arm", ["gated", "null", "lr007", "hyper"])
 def test_the_plans_power_is_the_half_width_the_committed_quiet_arms_reached(arm):
-    """--plan's power for a --quick --quiet arm comes from the quiet base's own replicates at the quick cells (7
-    seeds), and it is what the committed arms then reached: at most the predicted half-width (the prediction takes
+    """--plan's power for a --quick --quiet arm comes from the quiet base's own replicates at the quick cells (all
+    its seeds), and it is what the committed arms then reached: at most the predicted half-width (the prediction takes
     the arms' noise as independent; pairing can only share some of it), and not less than half of it, at their
     seeds; so a plan's "±0.010 takes K seeds" is an honest price."""
     base = RESULTS / "cpu-micro-quiet"
     reached = json.loads((RESULTS / f"cpu-micro-{arm}-quick-quiet" / "fit" / "ablation.json").read_text())
     reached = reached["verdicts"]["r = 4"]
     line, = ablation_report.power_lines(reached["n_seeds"], True, "cosine-avg-lr014", base)
-    assert "the base's 7 replicates at these cells" in line
+    base_seeds = len(list(base.parent.glob(f"{base.name}-seed*"))) + 1
+    assert f"the base's {base_seeds} replicates at these cells" in line
     predicted = float(re.search(r"±([0-9.]+) nats", line).group(1))
     assert 0.5 * predicted <= reached["half_width"] <= predicted + 0.0005  # the line rounds to 0.001
 
@@ -355,6 +356,30 @@ def test_each_committed_full_arms_report_is_what_the_report_prints_now(arm, tmp_
         [line for line in committed if not line.startswith(where)]
     assert json.loads((out / "fit" / "ablation.json").read_text())["verdicts"] == \
         json.loads((RESULTS / out.name / "fit" / "ablation.json").read_text())["verdicts"]
+
+
+@pytest.mark.parametrize("arm", ["gated", "hyper", "null", "lr007"])
+def test_each_committed_quiet_arms_report_is_what_the_report_prints_now(arm, tmp_path):
+    """The quick arms on the quiet recipe, every replicate: their committed fit/ablation.txt is what this checkout
+    prints against the quiet base, and "nothing changed" there is the base at another seed (each replicate
+    against seed 0 at the 7 cells), since a retrain of the quiet recipe is bit-identical."""
+    name = f"cpu-micro-{arm}-quick-quiet"
+    seeds = json.loads((RESULTS / name / "fit" / "ablation.json").read_text())["verdicts"]["r = 4"]["n_seeds"]
+    for i in range(seeds):
+        folder = name if i == 0 else f"{name}-seed{i}"
+        (tmp_path / folder).mkdir()
+        shutil.copy(RESULTS / folder / "results.jsonl", tmp_path / folder)
+    (tmp_path / name / "fit").mkdir()
+    for fit in ("compare.json", "compare_layout.json"):
+        shutil.copy(RESULTS / name / "fit" / fit, tmp_path / name / "fit")
+    text = report(tmp_path / name, "--base", str(RESULTS / "cpu-micro-quiet"), "--noise-recipe", "cosine-avg-lr014")
+    committed = (RESULTS / name / "fit" / "ablation.txt").read_text().splitlines()
+    where = ("(c) wrote", "ablate.sh ", "(--quick")
+    assert [line for line in text.splitlines() if not line.startswith(where)] == \
+        [line for line in committed if not line.startswith(where)]
+    base_seeds = len(list(RESULTS.glob("cpu-micro-quiet-seed*"))) + 1
+    assert f"| the base at seed i vs seed 0 (its replicates) | 4 | {7 * (base_seeds - 1)} |" in text
+    assert (tmp_path / name / "fit" / "ablation.png").stat().st_size > 10_000
 
 
 def test_the_report_leads_with_a_verdict_per_r_and_writes_it_for_a_program(tmp_path):
