@@ -96,7 +96,9 @@ def replicate_spread(base):
     """{r: [|delta val loss|]} of the base against itself at another seed: each replicate i >= 1 against
     replicate 0 at every looped cell both have. On a recipe whose retrain is bit-identical (the quiet one) this,
     not a retrain, is what a change that does nothing moves a cell."""
-    found = replicates(base, lambda i: base.parent / f"{base.name}-seed{i}") if (base / "results.jsonl").is_file() else []
+    if not (base / "results.jsonl").is_file():
+        return {}
+    found = replicates(base)
     if len(found) < 2:
         return {}
     first = {cell_of(row): float(row["val_loss"]) for row in found[0]}
@@ -563,18 +565,19 @@ def main():
     print("".join(json.dumps(row) + "\n" for row in rows), end="")
 
 
-def replicates(first, folder_of):
-    """[rows of replicate 0, 1, ...]: first's results.jsonl, then folder_of(i)'s for i = 1, 2, ... while it exists."""
+def replicates(first):
+    """[rows of replicate 0, 1, ...]: first's results.jsonl, then FIRST-seed<i>'s for i = 1, 2, ... while it exists
+    (dev/ablate.sh --seeds' folders, of an arm and of its base alike)."""
     found = [read_rows(first / "results.jsonl")]
-    while (folder_of(len(found)) / "results.jsonl").is_file():
-        found.append(read_rows(folder_of(len(found)) / "results.jsonl"))
+    while (first.parent / f"{first.name}-seed{len(found)}" / "results.jsonl").is_file():
+        found.append(read_rows(first.parent / f"{first.name}-seed{len(found)}" / "results.jsonl"))
     return found
 
 
 def pairs_of(out, base, looped_only=True):
     """The arm's paired differences over every replicate both arms have (nanoloop/verdict.paired_differences)."""
-    variant = replicates(out, lambda i: out.parent / f"{out.name}-seed{i}")
-    base_rows = replicates(base, lambda i: base.parent / f"{base.name}-seed{i}")
+    variant = replicates(out)
+    base_rows = replicates(base)
     return paired_differences(base_rows, variant, looped_only=looped_only)
 
 
@@ -628,7 +631,7 @@ def replicate_seed_sd(base):
     if not (base / "results.jsonl").is_file():
         return {}, 0
     losses = {}
-    found = replicates(base, lambda i: base.parent / f"{base.name}-seed{i}")
+    found = replicates(base)
     for rows in found:
         for row in rows:
             losses.setdefault(cell_of(row), []).append(float(row["val_loss"]))

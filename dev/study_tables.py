@@ -163,7 +163,7 @@ def quick_rows_by_cell(folders):
     """({(budget, d): [r = 4 rows, one per seed]}, seeds) over every seed replicate of the folders."""
     by_seed = []
     for folder in folders:
-        by_seed += ablation_report.replicates(folder, lambda i: folder.parent / f"{folder.name}-seed{i}")
+        by_seed += ablation_report.replicates(folder)
     by_cell = {}
     for rows in by_seed:
         for row in rows:
