@@ -569,8 +569,10 @@ def replicates(first):
     """[rows of replicate 0, 1, ...]: first's results.jsonl, then FIRST-seed<i>'s for i = 1, 2, ... while it exists
     (dev/ablate.sh --seeds' folders, of an arm and of its base alike)."""
     found = [read_rows(first / "results.jsonl")]
-    while (first.parent / f"{first.name}-seed{len(found)}" / "results.jsonl").is_file():
-        found.append(read_rows(first.parent / f"{first.name}-seed{len(found)}" / "results.jsonl"))
+    next_one = first.parent / f"{first.name}-seed1" / "results.jsonl"
+    while next_one.is_file():
+        found.append(read_rows(next_one))
+        next_one = first.parent / f"{first.name}-seed{len(found)}" / "results.jsonl"
     return found
 
 
