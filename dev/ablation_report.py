@@ -583,9 +583,9 @@ def pairs_of(out, base, looped_only=True):
     return paired_differences(base_rows, variant, looped_only=looped_only)
 
 
-def verdict_section(out, name, base):
-    """(lines, {label: verdict}): the verdict per looped r and pooled, from every replicate both arms have."""
-    pairs = pairs_of(out, base)
+def verdict_section(pairs, name):
+    """(lines, {label: verdict}): the verdict per looped r and pooled, from the pairs of every replicate both arms
+    have (pairs_of)."""
     verdicts = verdicts_by_r(pairs)
     seeds = max((len(by_seed) for by_seed in pairs.values()), default=0)
     head = (f"verdict: {name} minus base, validation loss (nats/token), paired by cell and seed over "
@@ -672,7 +672,8 @@ def report(out, variant_rows, base_dir):
     name = out.name.removeprefix("cpu-micro-")
     base, variant = by_cell(read_rows(base_dir / "results.jsonl")), by_cell(variant_rows)
     looped = {cell: losses for cell, losses in variant.items() if cell[1] > 1}
-    lines, verdicts = verdict_section(out, name, base_dir)
+    pairs = pairs_of(out, base_dir)  # every replicate's rows read once, for the verdict and the figure
+    lines, verdicts = verdict_section(pairs, name)
     print("\n".join(lines))
     print("Δφ against the layout-matched r = 1 (fit_laws.py --compare; 95% CI, block bootstrap):",
           delta_phi_line("", out / "fit" / "compare_layout.json").split(" | ")[-1].rstrip(" |") + "\n")
@@ -696,7 +697,7 @@ def report(out, variant_rows, base_dir):
     print(delta_phi_line("plain r = 1", out / "fit" / "compare.json"))
     (out / "fit").mkdir(exist_ok=True)
     noise = ("another seed of the base", reseeded) if reseeded else ("a retrain alone", retrain)
-    plot_differences(base, looped, name, noise, out / "fit" / "ablation.png", pairs_of(out, base_dir), verdicts)
+    plot_differences(base, looped, name, noise, out / "fit" / "ablation.png", pairs, verdicts)
     print(f"\n(c) wrote {out / 'fit' / 'ablation.png'}")
 
 
