@@ -33,7 +33,7 @@ from nanoloop.common import DataError, fail, one_line_errors, positive_int  # no
 from nanoloop.laws import ci_bounds_reached, estimate_text, is_untied  # noqa: E402 (the one way a CI is printed)
 from nanoloop.loops import check_loops_fit, loop_counts_from_args  # noqa: E402
 from nanoloop.sweep_state import duration, parse_flags  # noqa: E402
-from nanoloop.verdict import cell_of, expected_half_width, paired_differences, verdict_line, verdicts_by_r  # noqa: E402
+from nanoloop.verdict import cell_of, compare, design_effect, expected_half_width, verdict_line  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "dev" / "results"
@@ -92,13 +92,10 @@ def paired_table(base, variant):
     return lines
 
 
-def replicate_spread(base):
-    """{r: [|delta val loss|]} of the base against itself at another seed: each replicate i >= 1 against
-    replicate 0 at every looped cell both have. On a recipe whose retrain is bit-identical (the quiet one) this,
-    not a retrain, is what a change that does nothing moves a cell."""
-    if not (base / "results.jsonl").is_file():
-        return {}
-    found = replicates(base)
+def replicate_spread(found):
+    """{r: [|delta val loss|]} of the base against itself at another seed, from its replicates (the rows of each):
+    each replicate i >= 1 against replicate 0 at every looped cell both have. On a recipe whose retrain is
+    bit-identical (the quiet one) this, not a retrain, is what a change that does nothing moves a cell."""
     if len(found) < 2:
         return {}
     first = {cell_of(row): float(row["val_loss"]) for row in found[0]}
@@ -152,7 +149,7 @@ def best_width_deltas(base, variant, r):
     return points
 
 
-def plot_differences(base, variant, name, noise, path, pairs, verdicts):
+def plot_differences(base, variant, name, noise, path, differences, verdicts):
     """fit/ablation.png: a panel per looped r, every paired cell's difference (variant - base, the mean over its
     seeds, a bar of +-1 seed sd where it has two or more; widths side by side at each budget), the best-width
     difference per budget and the verdict (its mean and 95% CI, blue), over a grey band of what nothing changed
@@ -172,7 +169,7 @@ def plot_differences(base, variant, name, noise, path, pairs, verdicts):
         if v and math.isfinite(v["half_width"]):
             ax.axhspan(*v["ci"], color="tab:blue", alpha=0.3, lw=0, label=f"verdict: {v['word']} (95% CI)")
             ax.axhline(v["mean"], color="tab:blue", lw=1, ls="--")
-        draw_cells(ax, {cell: by_seed for cell, by_seed in pairs.items() if cell[1] == r})
+        draw_cells(ax, {cell: values for cell, values in differences.items() if cell[1] == r})
         points = best_width_deltas(base, variant, r)
         ax.plot([budget for budget, _ in points], [delta for _, delta in points], "o-", color="tab:blue",
                 label="each budget's best width")
@@ -201,14 +198,13 @@ def draw_noise_band(ax, noise, r):
         ax.axhspan(-level, level, color="grey", alpha=shade, lw=0, label=f"{label}: |Δ| {what} {level:.3f}")
 
 
-def draw_cells(ax, pairs):
+def draw_cells(ax, differences):
     """Every cell of one r: the mean difference over its seeds at its budget (shifted by width, narrowest left)
     with a bar of +-1 seed sd where it has two or more seeds."""
-    widths = sorted({d for _, _, d in pairs})
+    widths = sorted({d for _, _, d in differences})
     label = "a cell (± seed sd)"  # in the legend once
-    for (budget, _, d), by_seed in sorted(pairs.items()):
+    for (budget, _, d), values in sorted(differences.items()):
         shift = 1.06 ** (widths.index(d) - (len(widths) - 1) / 2)
-        values = list(by_seed.values())
         bar = 0.0
         if len(values) > 1:
             bar = statistics.stdev(values)
@@ -544,7 +540,10 @@ def main():
     if args.power:
         if args.tally:
             print(tally_line(args.tally, args.slots))
-        print("\n".join(power_lines(args.power, args.quick, args.noise_recipe, args.base.resolve())))
+        try:
+            print("\n".join(power_lines(args.power, args.quick, args.noise_recipe, args.base.resolve())))
+        except DataError as e:
+            fail("ablation_report.py", str(e))
         return
     rows_only = args.layout_anchored_rows or args.same_cells or args.untied_anchored_rows  # ablate.sh's steps
     if (out / INCOMPLETE).is_file() and not rows_only:
@@ -576,21 +575,18 @@ def replicates(first):
     return found
 
 
-def pairs_of(out, base, looped_only=True):
-    """The arm's paired differences over every replicate both arms have (nanoloop/verdict.paired_differences)."""
-    variant = replicates(out)
-    base_rows = replicates(base)
-    return paired_differences(base_rows, variant, looped_only=looped_only)
-
-
-def verdict_section(pairs, name):
-    """(lines, {label: verdict}): the verdict per looped r and pooled, from the pairs of every replicate both arms
-    have (pairs_of)."""
-    verdicts = verdicts_by_r(pairs)
-    seeds = max((len(by_seed) for by_seed in pairs.values()), default=0)
-    head = (f"verdict: {name} minus base, validation loss (nats/token), paired by cell and seed over "
-            f"{seeds} seed(s): mean and 95% CI (t-interval, nanoloop/verdict.py)\n")
-    return [head] + [verdict_line(label, v) for label, v in verdicts.items()], verdicts
+def verdict_section(base_replicates, variant_replicates, name):
+    """(lines, {label: verdict}, {cell: [differences]}): the verdict per looped r and pooled over every replicate
+    of both arms, in the design they allow (nanoloop/verdict.compare), and each cell's seeds for the figure."""
+    verdicts, differences = compare(base_replicates, variant_replicates)
+    seeds = max((len(values) for values in differences.values()), default=0)
+    design = f"paired by cell and seed over {seeds} seed(s)"
+    if any(v and v["design"] == "against every base seed" for v in verdicts.values()):
+        base_seeds = max(v["n_base_seeds"] for v in verdicts.values() if v)
+        design = f"{seeds} seed(s) against the base's {base_seeds} at each cell"
+    head = (f"verdict: {name} minus base, validation loss (nats/token), {design}: mean and 95% CI (t-interval, "
+            f"nanoloop/verdict.py)\n")
+    return [head] + [verdict_line(label, v) for label, v in verdicts.items()], verdicts, differences
 
 
 def delta_phi_of(path):
@@ -627,22 +623,27 @@ def tally_line(path, slots):
 
 
 def replicate_seed_sd(base):
-    """({r: seed sd pooled over the base's replicates}, replicates): each cell with two or more seeds gives its
-    variance over the seeds, weighted by its degrees of freedom. Measured where a quick arm runs, at the seeds the
-    base has (the quiet base: 7), where dev/noise.sh measured one cell per r."""
+    """({r: (seed sd pooled over the base's replicates, design effect)}, replicates): each cell with two or more
+    seeds gives its variance over the seeds, weighted by its degrees of freedom; the design effect is how much
+    more a seed's mean over the cells of r varies (nanoloop/verdict.design_effect). Measured where a quick arm
+    runs, at the seeds the base has (the quiet base: 11), where dev/noise.sh measured one cell per r."""
     if not (base / "results.jsonl").is_file():
         return {}, 0
     losses = {}
     found = replicates(base)
-    for rows in found:
+    for replicate, rows in enumerate(found):
         for row in rows:
-            losses.setdefault(cell_of(row), []).append(float(row["val_loss"]))
+            losses.setdefault(cell_of(row), {})[replicate] = float(row["val_loss"])
     squares, dfs = {}, {}
-    for (_, r, _), values in losses.items():
-        if len(values) > 1:
-            squares[r] = squares.get(r, 0.0) + statistics.variance(values) * (len(values) - 1)
-            dfs[r] = dfs.get(r, 0) + len(values) - 1
-    return {r: (squares[r] / dfs[r]) ** 0.5 for r in squares}, len(found)
+    for (_, r, _), by_replicate in losses.items():
+        if len(by_replicate) > 1:
+            squares[r] = squares.get(r, 0.0) + statistics.variance(by_replicate.values()) * (len(by_replicate) - 1)
+            dfs[r] = dfs.get(r, 0) + len(by_replicate) - 1
+    noise = {}
+    for r in squares:
+        inflation = design_effect({cell: by_replicate for cell, by_replicate in losses.items() if cell[1] == r})
+        noise[r] = ((squares[r] / dfs[r]) ** 0.5, inflation)
+    return noise, len(found)
 
 
 def power_lines(seeds, quick, recipe, base):
@@ -654,16 +655,26 @@ def power_lines(seeds, quick, recipe, base):
     sds, n_replicates = replicate_seed_sd(base) if quick else ({}, 0)
     source = f"the base's {n_replicates} replicates at these cells"
     if not sds:
-        sds = base_seed_sd(recipe)
+        sds = {r: (sd, 1.0) for r, sd in base_seed_sd(recipe).items()}
         source = f"dev/noise.sh's {recipe}"
+    if not sds:
+        raise DataError(f"--noise-recipe {recipe}: dev/noise.sh measured no recipe of that name")
     lines = []
     for r, n_cells in (QUICK_CELLS if quick else FULL_CELLS).items():
-        sd = sds.get(r, max(sds.values()))
+        within, inflation = sds.get(r, max(sds.values()))
+        sd = within * inflation ** 0.5  # a seed's cells covary: the verdict's variance is inflated as much
         measured = "measured" if r in sds else f"r = {max(sds, key=sds.get)}'s, not measured at r = {r}"
-        width = expected_half_width(sd, n_cells, seeds)
-        enough = next((k for k in range(1, 101) if expected_half_width(sd, n_cells, k) <= 0.010), None)
-        lines.append(f"power at r = {r}: ±{width:.3f} nats (95% CI half-width) from {n_cells} cells x {seeds} "
-                     f"seed(s), seed sd {sd:.3f} ({measured}, {source}); ±0.010 takes {enough or '> 100'} seeds")
+        if inflation > 1:
+            measured += f": {within:.3f} within a cell, x{inflation:.2f} in variance as a seed's cells covary"
+        # the base trains the replicates it lacks up to the arm's seeds; beyond them, the verdict reads all of its
+        width = expected_half_width(sd, n_cells, seeds, max(n_replicates, seeds))
+        enough = next((k for k in range(1, 101)
+                       if expected_half_width(sd, n_cells, k, max(n_replicates, k)) <= 0.010), None)
+        design = f"{n_cells} cells x {seeds} seed(s)"
+        if 2 <= seeds < n_replicates:
+            design += f" against the base's {n_replicates}"
+        lines.append(f"power at r = {r}: ±{width:.3f} nats (95% CI half-width) from {design}, seed sd {sd:.3f} "
+                     f"({measured}; {source}); ±0.010 takes {enough or '> 100'} seeds")
     return lines
 
 
@@ -672,8 +683,8 @@ def report(out, variant_rows, base_dir):
     name = out.name.removeprefix("cpu-micro-")
     base, variant = by_cell(read_rows(base_dir / "results.jsonl")), by_cell(variant_rows)
     looped = {cell: losses for cell, losses in variant.items() if cell[1] > 1}
-    pairs = pairs_of(out, base_dir)  # every replicate's rows read once, for the verdict and the figure
-    lines, verdicts = verdict_section(pairs, name)
+    base_replicates = replicates(base_dir)  # read once: the verdict's and the "nothing changed" band's
+    lines, verdicts, differences = verdict_section(base_replicates, replicates(out), name)
     print("\n".join(lines))
     print("Δφ against the layout-matched r = 1 (fit_laws.py --compare; 95% CI, block bootstrap):",
           delta_phi_line("", out / "fit" / "compare_layout.json").split(" | ")[-1].rstrip(" |") + "\n")
@@ -685,7 +696,7 @@ def report(out, variant_rows, base_dir):
     print(f"(a) {name} minus base, validation loss (nats/token); r = 1 is the same run in both arms\n")
     print("\n".join(paired_table(base, looped)))
     retrain, seeds = noise_floor()
-    reseeded = replicate_spread(base_dir)
+    reseeded = replicate_spread(base_replicates)
     print("\nwhat the same comparison gives with nothing changed (|Δ val loss|, nats/token):\n")
     print("\n".join(spread_lines(retrain, seeds, reseeded)))
     print(f"\n(b) delta-phi = phi({name}) - phi(base), 95% CI (fit_laws.py --compare)\n")
@@ -697,7 +708,7 @@ def report(out, variant_rows, base_dir):
     print(delta_phi_line("plain r = 1", out / "fit" / "compare.json"))
     (out / "fit").mkdir(exist_ok=True)
     noise = ("another seed of the base", reseeded) if reseeded else ("a retrain alone", retrain)
-    plot_differences(base, looped, name, noise, out / "fit" / "ablation.png", pairs, verdicts)
+    plot_differences(base, looped, name, noise, out / "fit" / "ablation.png", differences, verdicts)
     print(f"\n(c) wrote {out / 'fit' / 'ablation.png'}")
 
 

@@ -1,8 +1,10 @@
 """
-The verdict of an ablation (nanoloop/verdict.py, printed first by dev/ablation_report.py): the mean paired
-difference with a 95% t-interval and the word that follows from it. Calibrated: a null ablation (the same
-distribution, other seeds) covers 0 in 95% of repeats, a change of known large effect (hyperconnections at r = 4,
-the committed grids) comes out better, and the interval narrows with seeds as sqrt(seeds) when the noise is seeds'.
+The verdict of an ablation (nanoloop/verdict.py, printed first by dev/ablation_report.py): the mean difference
+with a 95% t-interval and the word that follows from it, paired by seed or, where the base has more seeds than
+the variant, against every base seed. Calibrated: a null ablation (the same distribution, other seeds) covers 0
+in 95% of repeats, on synthetic rows and on nulls drawn from the quiet recipe's 22 committed seeds, also where a
+seed's cells covary; a change of known large effect (hyperconnections at r = 4, the committed grids) comes out
+better; the interval narrows with seeds as sqrt(seeds) when the noise is seeds'.
 """
 import json
 import math
@@ -11,7 +13,7 @@ from pathlib import Path
 
 from scipy.stats import t as student_t
 
-from nanoloop.verdict import paired_differences, verdict, verdict_line, verdicts_by_r
+from nanoloop.verdict import compare, paired_differences, verdict, verdict_against_base_seeds, verdict_line, verdicts_by_r
 
 RESULTS = Path(__file__).resolve().parents[1] / "dev" / "results"
 CELLS = [(1.1e12, 4, 8), (1.1e12, 4, 16), (1.1e12, 4, 24), (2.4e12, 4, 8), (2.4e12, 4, 16), (2.4e12, 4, 24),
@@ -35,6 +37,25 @@ def synthetic_arms(rng, seeds, effect, seed_sd, shared_sd=0.0):
     return base, variant
 
 
+def arms_with_seed_offsets(rng, seeds, base_seeds, cell_sd, offset_sd):
+    """(base replicates, variant replicates) of a null: per replicate one offset shared by all its cells (offset_sd:
+    a seed's initialisation and data order, which every cell of that seed carries) and each cell's own noise."""
+    truth = {cell: 5.0 + 0.1 * rng.random() for cell in CELLS}
+
+    def replicate():
+        offset = rng.gauss(0, offset_sd)
+        return [row(c, truth[c] + offset + rng.gauss(0, cell_sd)) for c in CELLS]
+    return [replicate() for _ in range(base_seeds)], [replicate() for _ in range(seeds)]
+
+
+def covered_share(rng, repeats, seeds, base_seeds, cell_sd, offset_sd):
+    covered = 0
+    for _ in range(repeats):
+        v = compare(*arms_with_seed_offsets(rng, seeds, base_seeds, cell_sd, offset_sd))[0]["r = 4"]
+        covered += v["ci"][0] <= 0 <= v["ci"][1]
+    return covered / repeats
+
+
 def test_a_null_ablation_covers_zero_in_95_percent_of_repeats():
     rng = random.Random(0)
     for seeds in (1, 3):
@@ -43,6 +64,62 @@ def test_a_null_ablation_covers_zero_in_95_percent_of_repeats():
             v = verdict(paired_differences(*synthetic_arms(rng, seeds, 0.0, 0.02)))
             covered += v["ci"][0] <= 0 <= v["ci"][1]
         assert 0.93 <= covered / 600 <= 0.97, (seeds, covered)
+
+
+def test_against_every_base_seed_a_null_covers_zero_in_95_percent_of_repeats():
+    """3 seeds of the variant against the base's 11 (the quiet base's count): the design the verdict takes then."""
+    share = covered_share(random.Random(3), 600, 3, 11, 0.02, 0.0)
+    assert 0.93 <= share <= 0.98, share  # at least 95%: the design effect is floored at 1
+
+
+def test_a_seeds_covarying_cells_widen_the_interval_to_keep_it_95_percent():
+    """When every cell of a seed shares an offset (here variance 1 + 7 x 0.25 = 2.75 times what independent cells
+    give a seed's mean), the within-cell spread cannot see it: the base's replicates measure it (design_effect)
+    and the verdict's variance carries it, so a null still covers 0 in ~93%, not the ~80% it would without."""
+    share = covered_share(random.Random(4), 600, 3, 11, 0.02, 0.01)
+    assert share >= 0.90, share
+    v = compare(*arms_with_seed_offsets(random.Random(5), 3, 11, 0.02, 0.01))[0]["r = 4"]
+    assert v["design"] == "against every base seed" and v["inflation"] > 1.5
+
+
+def test_against_every_base_seed_the_error_is_each_arms_own_spread():
+    """One cell, the base at 5.0 -+ 0.01 and 5.0 over three seeds (variance 1e-4), the variant at 4.9 -+ 0.03 over
+    two (variance 1.8e-3: its own, not the base's): the error is sqrt(1e-4/3 + 1.8e-3/2), Welch's df."""
+    cells = {CELLS[0]: ([4.99, 5.01, 5.0], [4.87, 4.93])}
+    v = verdict_against_base_seeds(cells)
+    base_part, variant_part = 1e-4 / 3, 1.8e-3 / 2
+    df = (base_part + variant_part) ** 2 / (base_part ** 2 / 2 + variant_part ** 2 / 1)
+    assert math.isclose(v["mean"], -0.1) and math.isclose(v["df"], df)
+    assert math.isclose(v["half_width"], student_t.ppf(0.975, df) * math.sqrt(base_part + variant_part))
+    assert (v["n_seeds"], v["n_base_seeds"]) == (2, 3)
+
+
+def test_the_design_follows_the_seeds_each_r_has():
+    """The base's 5 replicates against the variant's 3 at r = 4: against every base seed, each seed's difference
+    for the figure from the base's mean; at r = 1 one seed in each arm: paired. Equal seeds: paired."""
+    rng = random.Random(6)
+    base = [[row(c, 5.0 + rng.gauss(0, 0.02)) for c in CELLS] for _ in range(5)]
+    variant = [[row(c, 4.9 + rng.gauss(0, 0.02)) for c in CELLS] for _ in range(3)]
+    base[0].append(row((1.1e12, 1, 16), 5.1))
+    variant[0].append(row((1.1e12, 1, 16), 5.2))
+    verdicts, differences = compare(base, variant, looped_only=False)
+    assert verdicts["r = 4"]["design"] == "against every base seed" and verdicts["r = 1"]["design"] == "paired"
+    cell = CELLS[0]
+    base_mean = sum(rows[0]["val_loss"] for rows in base) / 5
+    assert differences[cell] == [rows[0]["val_loss"] - base_mean for rows in variant]
+    assert compare(base[:3], variant)[0]["r = 4"]["design"] == "paired"
+
+
+def test_resampled_nulls_of_the_quiet_recipe_cover_zero_at_95_percent():
+    """The quiet recipe's 22 committed seeds at the quick cells (the base's and the null arm's: one recipe), split
+    at random into a variant of 4 seeds and a base of 11 (dev/verdict_designs.py): both designs cover 0 in ~95%
+    (a seed's covarying cells accounted for), and against every base seed the interval is the narrower."""
+    import sys
+    sys.path.insert(0, str(RESULTS.parent))
+    import verdict_designs
+    coverage, widths = verdict_designs.null_coverage(verdict_designs.quiet_seeds(), 4, 11, 400, random.Random(0))
+    assert coverage["paired"] >= 0.92 and coverage["against"] >= 0.92, coverage
+    assert widths["against"] < 0.9 * widths["paired"], widths
 
 
 def test_pairing_cancels_the_noise_both_arms_share():
