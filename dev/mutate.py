@@ -313,8 +313,8 @@ MUTATIONS = [
       '    return device.type == "cpu"',
       ("tests/test_loops.py -k compiles_each_block",), "a sampled T compiles per block on GPU, never the whole model"),
     # ---- nanoloop/verdict.py: an ablation's verdict (dev/ablation_report.py), nanoloop/averaging.py ----
-    M("verdict_ci_ignores_seeds", "nanoloop/verdict.py", "    if df > 0:\n        squares",
-      "    if False:\n        squares",
+    M("verdict_ci_ignores_seeds", "nanoloop/verdict.py", "    if df > 0:\n        variance_of_mean",
+      "    if False:\n        variance_of_mean",
       ("tests/test_verdict.py -k t_interval_of_the_seed_spread",),
       "the CI's noise is the seeds' spread within cells: more seeds narrow it"),
     M("verdict_unpaired", "nanoloop/verdict.py",

@@ -70,11 +70,8 @@ def mean_and_error(pairs, inflation=1.0):
     cell_means = [statistics.fmean(by_seed.values()) for by_seed in pairs.values()]
     mean = statistics.fmean(cell_means)
     n_cells = len(cell_means)
-    df = sum(len(by_seed) - 1 for by_seed in pairs.values())
+    pooled, df = pooled_variance([list(by_seed.values()) for by_seed in pairs.values()])
     if df > 0:
-        squares = sum((x - statistics.fmean(by_seed.values())) ** 2
-                      for by_seed in pairs.values() for x in by_seed.values())
-        pooled = squares / df
         variance_of_mean = sum(pooled / len(by_seed) for by_seed in pairs.values()) / n_cells ** 2
         return mean, math.sqrt(variance_of_mean * inflation), df
     if n_cells < 2:
@@ -118,7 +115,7 @@ def losses_by_cell(base_replicates, variant_replicates, looped_only=True):
 def design_effect(base_by_cell):
     """How much more a seed's mean over the cells varies than independent cells would make it, from the base's
     replicates that hold every cell ({cell: {replicate: loss}}): a seed's runs share its initialisation and data
-    order, and the same width at two budgets shares both (the quiet base's 22 seeds: variance x1.23, correlation
+    order, and the same width at two budgets shares both (the quiet recipe's 22 seeds: variance x1.23, correlation
     up to 0.64; dev/verdict_designs.py), which the within-cell spread does not see. At least 1; 1 with fewer than
     3 such replicates."""
     common = set.intersection(*(set(by_replicate) for by_replicate in base_by_cell.values()))
