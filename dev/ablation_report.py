@@ -581,9 +581,10 @@ def verdict_section(base_replicates, variant_replicates, name):
     verdicts, differences = compare(base_replicates, variant_replicates)
     seeds = max((len(values) for values in differences.values()), default=0)
     design = f"paired by cell and seed over {seeds} seed(s)"
-    if any(v and v["design"] == "against every base seed" for v in verdicts.values()):
+    if any(v and v["design"] == "paired, base control" for v in verdicts.values()):
         base_seeds = max(v["n_base_seeds"] for v in verdicts.values() if v)
-        design = f"{seeds} seed(s) against the base's {base_seeds} at each cell"
+        design = (f"paired by cell and seed over {seeds} seed(s), the base's other seeds of its {base_seeds} a "
+                  f"control")
     head = (f"verdict: {name} minus base, validation loss (nats/token), {design}: mean and 95% CI (t-interval, "
             f"nanoloop/verdict.py)\n")
     return [head] + [verdict_line(label, v) for label, v in verdicts.items()], verdicts, differences
@@ -672,7 +673,7 @@ def power_lines(seeds, quick, recipe, base):
                        if expected_half_width(sd, n_cells, k, max(n_replicates, k)) <= 0.010), None)
         design = f"{n_cells} cells x {seeds} seed(s)"
         if 2 <= seeds < n_replicates:
-            design += f" against the base's {n_replicates}"
+            design += f" paired, the base's {n_replicates} a control"
         lines.append(f"power at r = {r}: ±{width:.3f} nats (95% CI half-width) from {design}, seed sd {sd:.3f} "
                      f"({measured}; {source}); ±0.010 takes {enough or '> 100'} seeds")
     return lines

@@ -135,7 +135,8 @@ def verdict_table():
 QUIET_BASE = "cpu-micro-quiet"
 QUIET_ARMS = [("cpu-micro-gated-quick-quiet", "gated injection"), ("cpu-micro-hyper-quick-quiet", "hyperconnections, K = 2"),
               ("cpu-micro-null-quick-quiet", "the null: --seed 100"),
-              ("cpu-micro-lr007-quick-quiet", "the quiet recipe at MuonH LR 0.007")]
+              ("cpu-micro-lr007-quick-quiet", "the quiet recipe at MuonH LR 0.007"),
+              ("cpu-micro-rsi-quick-quiet", "random state init (--random-state-init)")]
 
 
 def quiet_verdict_table():
@@ -163,7 +164,7 @@ def quiet_verdict_table():
 
 def seeds_cell(v):
     """The arm's seeds, and the base's where the verdict reads more of them than the arm has."""
-    if v["design"] == "against every base seed":
+    if v["design"] == "paired, base control":
         return f"{v['n_seeds']} (the base's {v['n_base_seeds']})"
     return str(v["n_seeds"])
 
@@ -457,7 +458,7 @@ def main():
     print("\neach arm against the base, run for run: verdict, mean Δ val loss (nats/token) and 95% CI\n" +
           "\n".join(verdict_table()))
     if quiet := quiet_verdict_table():
-        print("\nthe quick arms on the quiet recipe against its base (cpu-micro-quiet), paired by cell and seed, or against all its seeds where it has more: "
+        print("\nthe quick arms on the quiet recipe against its base (cpu-micro-quiet), paired by cell and seed (its other seeds a control where it has more): "
               "verdict, mean Δ val loss and 95% CI (± its half-width)\n" + "\n".join(quiet))
         print("\nthe seed noise at the quick cells, quiet recipe (nats/token)\n" + "\n".join(quick_noise_table()))
         print("\nthe seed noise per quick cell, r = 4, the quiet base's seeds and the null's (nats/token)\n" +

@@ -1,17 +1,20 @@
 """
-The two designs of an ablation's verdict (nanoloop/verdict.py) measured on the committed quick arms of the quiet
-recipe: paired by seed (the variant's replicate i against the base's i) against every base seed (the variant's k
-seeds against all the base's 11), and how often each covers 0 for nulls drawn from the recipe's own seeds.
+The designs of an ablation's verdict (nanoloop/verdict.py) measured on the committed quick arms of the quiet
+recipe: paired alone (the variant's replicate i against the base's i), unpaired against every base seed (the
+variant's k seeds' mean against all the base's 11, Welch), and the verdict's own: paired, with the base's other
+seeds as a regression control (double sampling); and how often each covers 0 for nulls drawn from the recipe's
+own seeds.
 
     python dev/verdict_designs.py                 # both tables (a few seconds)
     python dev/verdict_designs.py --draws 400     # fewer resampled nulls
 
-(a) Each committed arm cut to its first k seeds: the half-width of each design at r = 4. (b) Nulls: the quiet
+(a) Each committed arm cut to its first k seeds: each design's half-width at r = 4. (b) Nulls: the quiet
 recipe's 22 committed seeds at the quick cells (the base's 0-10 and the null arm's 100-110, the same recipe and
-flags: exchangeable) split at random into a variant of k seeds and a base of 11, both designs on the same split:
+flags: exchangeable) split at random into a variant of k seeds and a base of 11, every design on the same split:
 the share of intervals that cover 0 (95% nominal) and the median half-width. Why a share can fall short of 95%:
 a seed's runs at different cells share its initialisation and data prefix (the same width at the two budgets),
-so the cells of one seed are not independent draws, which both designs assume; the table's last line measures it.
+so the cells of one seed are not independent draws; the last line measures it (verdict.design_effect corrects
+for it in every design here).
 """
 import argparse
 import random
@@ -25,12 +28,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "dev"))
 from ablation_report import replicates  # noqa: E402
-from nanoloop.verdict import compare  # noqa: E402
+from nanoloop.verdict import compare, design_effect, judged, losses_by_cell, pooled_variance  # noqa: E402
 
 RESULTS = REPO / "dev" / "results"
 BASE = RESULTS / "cpu-micro-quiet"
 NULL = RESULTS / "cpu-micro-null-quick-quiet"
-ARMS = ("gated", "hyper", "lr007", "null")
+ARMS = ("gated", "hyper", "lr007", "null", "rsi")
+DESIGNS = ("paired", "welch", "control")
 
 
 def looped(found):
@@ -38,21 +42,37 @@ def looped(found):
     return [[row for row in rows if row["r"] == 4] for rows in found]
 
 
-def half_widths(base, arm, seeds):
-    """(paired, against every base seed) half-widths at r = 4 of the arm's first `seeds` replicates."""
-    paired, _ = compare(base[:seeds], arm[:seeds])
-    against, _ = compare(base, arm[:seeds])
-    return paired["r = 4"]["half_width"], against["r = 4"]["half_width"]
+def welch(base, variant):
+    """The unpaired verdict at r = 4: each cell's variant mean minus its base mean over all the base's seeds, each
+    arm's own pooled within-cell variance, Welch's df, the base's design effect (as verdict.py's designs)."""
+    cells = losses_by_cell(base, variant)
+    n_cells = len(cells)
+    mean = statistics.fmean(statistics.fmean(v.values()) - statistics.fmean(b.values()) for b, v in cells.values())
+    base_variance, base_df = pooled_variance([list(b.values()) for b, _ in cells.values()])
+    variant_variance, variant_df = pooled_variance([list(v.values()) for _, v in cells.values()])
+    base_part = sum(base_variance / len(b) for b, _ in cells.values()) / n_cells ** 2
+    variant_part = sum(variant_variance / len(v) for _, v in cells.values()) / n_cells ** 2
+    df = (base_part + variant_part) ** 2 / (base_part ** 2 / base_df + variant_part ** 2 / variant_df)
+    inflation = design_effect({cell: b for cell, (b, _) in cells.items()})
+    return judged(mean, ((base_part + variant_part) * inflation) ** 0.5, df, n_cells, 0, 0, "welch", inflation)
+
+
+def verdicts(base, variant):
+    """{design: verdict at r = 4} of one arm of k seeds against a base of more."""
+    seeds = len(variant)
+    return {"paired": compare(base[:seeds], variant)[0]["r = 4"], "welch": welch(base, variant),
+            "control": compare(base, variant)[0]["r = 4"]}
 
 
 def arm_lines(base):
-    lines = ["(a) the committed arms, r = 4: 95% half-width (nats/token), paired | against the base's "
-             f"{len(base)} seeds", "| arm | seeds | paired | against every base seed |", "|---|---|---|---|"]
+    lines = [f"(a) the committed arms, r = 4: 95% half-width (nats/token) of each design, the base's {len(base)} "
+             "seeds", "| arm | seeds | paired alone | unpaired (Welch) | paired, base control (the verdict's) |",
+             "|---|---|---|---|---|"]
     for name in ARMS:
         arm = looped(replicates(RESULTS / f"cpu-micro-{name}-quick-quiet"))
         for seeds in range(2, min(4, len(arm)) + 1):
-            paired, against = half_widths(base, arm, seeds)
-            lines.append(f"| {name} | {seeds} | ±{paired:.4f} | ±{against:.4f} |")
+            widths = [verdicts(base, arm[:seeds])[design]["half_width"] for design in DESIGNS]
+            lines.append(f"| {name} | {seeds} | " + " | ".join(f"±{w:.4f}" for w in widths) + " |")
     return lines
 
 
@@ -63,16 +83,14 @@ def quiet_seeds():
 
 def null_coverage(pool, seeds, base_seeds, draws, rng):
     """({design: share of nulls whose CI covers 0}, {design: median half-width}) over `draws` random splits of
-    the pool's replicates into a variant of `seeds` and a base of `base_seeds`; "paired" pairs the variant with
-    the base's first `seeds`, "against" takes all of the base (nanoloop/verdict.compare)."""
-    covered = {"paired": 0, "against": 0}
-    widths = {"paired": [], "against": []}
+    the pool's replicates into a variant of `seeds` and a base of `base_seeds` (verdicts: every design)."""
+    covered = dict.fromkeys(DESIGNS, 0)
+    widths = {design: [] for design in DESIGNS}
     for _ in range(draws):
         order = rng.sample(range(len(pool)), seeds + base_seeds)
         variant = [pool[i] for i in order[:seeds]]
         base = [pool[i] for i in order[seeds:]]
-        for design, base_part in (("paired", base[:seeds]), ("against", base)):
-            v = compare(base_part, variant)[0]["r = 4"]
+        for design, v in verdicts(base, variant).items():
             covered[design] += v["ci"][0] <= 0 <= v["ci"][1]
             widths[design].append(v["half_width"])
     return ({design: count / draws for design, count in covered.items()},
@@ -81,12 +99,11 @@ def null_coverage(pool, seeds, base_seeds, draws, rng):
 
 def null_lines(pool, draws, base_seeds, rng):
     lines = [f"(b) {draws} nulls per row from the quiet recipe's {len(pool)} seeds: variant k seeds, base "
-             f"{base_seeds}", "| k | paired: covers 0 | median ± | against every base seed: covers 0 | median ± |",
-             "|---|---|---|---|---|"]
+             f"{base_seeds}: the share covering 0, the median half-width",
+             "| k | paired alone | unpaired (Welch) | paired, base control (the verdict's) |", "|---|---|---|---|"]
     for seeds in (2, 3, 4):
         coverage, widths = null_coverage(pool, seeds, base_seeds, draws, rng)
-        lines.append(f"| {seeds} | {coverage['paired']:.3f} | ±{widths['paired']:.4f} | {coverage['against']:.3f} | "
-                     f"±{widths['against']:.4f} |")
+        lines.append(f"| {seeds} | " + " | ".join(f"{coverage[d]:.3f}, ±{widths[d]:.4f}" for d in DESIGNS) + " |")
     return lines
 
 

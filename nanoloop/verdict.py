@@ -4,28 +4,25 @@ and the base at the cells and seeds of the harness, the mean difference in valid
 a 95% confidence interval, and the word that follows from it. dev/ablation_report.py prints it first.
 
     verdicts, differences = compare(base_replicates, variant_replicates)  # a replicate: one seed's rows
-    verdicts["r = 4"]  # mean, ci, half_width, df, word, n_cells, n_seeds, n_base_seeds, design, inflation
+    verdicts["r = 4"]  # mean, ci, half_width, df, word, n_cells, n_seeds, n_base_seeds, design, inflation (, beta)
     verdict_line("r = 4", verdicts["r = 4"])  # 'r = 4: better by 0.031 nats: -0.031 nats [-0.040, -0.022], ...'
 
 Its estimand is the mean effect over the ablation's own cells, each weighted equally (the cells are the design,
-fixed), so its noise is what new seeds would change. Two designs, chosen by the replicates there are, never by
-the result:
-  - paired (the variant's replicate i against the base's replicate i, which shares its cell, data order and,
-    unless the variant changes the seed, initialisation): where the base has no more replicates than the variant.
-    The noise the two runs share cancels in the difference;
-  - against every base replicate (the variant's mean over its k seeds against the base's over all its K > k, the
-    committed quiet base's 11): where the base has more replicates and the variant two or more. Each arm's noise
-    is its own pooled within-cell variance (a change can alter it: hyperconnections halve it), the df Welch's.
-    Pairing pays only where the arms share their noise, and a change of the model's wiring shares almost none of
-    it (paired correlation 0.02 for gated injection, 0.46 for hyperconnections, 0.55 for a lower LR); the base's
-    extra seeds pay always. Measured on the committed quick quiet arms at 4 seeds (dev/verdict_designs.py):
-    ±0.011 against ±0.013 paired (gated), ±0.009 against ±0.010 (hyperconnections), ±0.012 against ±0.010 (the
-    LR arm, whose pairing pays); over 2,000 nulls drawn from the quiet recipe's 22 committed seeds, a median
-    ±0.014 against ±0.017, each covering 0 in 95% (dev/README.md, "The verdict and the power").
+fixed), so its noise is what new seeds would change. The variant's replicate i is paired with the base's i (same
+cell, data order and, unless the variant changes the seed, initialisation), so the noise the two runs share
+cancels in the difference; where the base has more replicates than the variant (the committed quiet base: 11),
+its other seeds are a regression control (double sampling, verdict_with_base_control): a paired base seed that
+fell above the base's mean is corrected for as far as the differences follow it. That takes the better of two
+designs with no choice made from the result: a change that leaves the trajectory alike keeps what pairing gives
+(random state init, 3 seeds: ±0.0025, pairing alone ±0.0023, the variant unpaired against all 11 base seeds
+±0.017), and a change that shares no noise with the base gains its extra seeds (the null: ±0.011 against pairing
+alone's ±0.016, unpaired ±0.010); hyperconnections and LR 0.007, whose pairing pays partly, come out narrower than
+either (dev/verdict_designs.py, dev/README.md "The verdict and the power").
 A seed's runs at different cells are not independent (its initialisation and data order are shared, and the same
 width at two budgets shares the first steps too: correlation 0.64 there), so its mean over the cells varies more
-than the within-cell spread says (x1.23 in variance over the 22 seeds); left alone, the nulls above covered 0 in
-92%, not 95%. design_effect measures it on the base's replicates and both designs scale the seeds' variance by it.
+than the within-cell spread says (x1.23 in variance over the quiet recipe's 22 committed seeds); left alone, nulls
+drawn from those seeds covered 0 in 92%, not 95%. design_effect measures it on the base's replicates and scales
+the seeds' variance by it: 93-94%.
 The interval is a t-interval, not a bootstrap: with 7 cells and a few seeds a bootstrap's resamples are too few
 to give a 95% tail, while the t-interval is exact for normal noise, and the seed noise of the CPU grids is. With
 two or more seeds at a cell the noise is the seeds' spread within cells (the pooled within-cell variance; df: the
@@ -138,25 +135,48 @@ def pooled_variance(samples):
     return squares / df, df
 
 
-def verdict_against_base_seeds(cells, inflation=1.0):
-    """The dict of one verdict (judged) from {cell: ([base losses], [variant losses])}: the mean over cells of the
-    variant's mean minus the base's, its error from each arm's own pooled within-cell variance (times inflation:
-    design_effect), Welch's df."""
-    if not cells:
-        return None
-    n_cells = len(cells)
-    mean = statistics.fmean(statistics.fmean(variant) - statistics.fmean(base) for base, variant in cells.values())
-    base_variance, base_df = pooled_variance([base for base, _ in cells.values()])
-    variant_variance, variant_df = pooled_variance([variant for _, variant in cells.values()])
-    base_part = sum(base_variance / len(base) for base, _ in cells.values()) / n_cells ** 2
-    variant_part = sum(variant_variance / len(variant) for _, variant in cells.values()) / n_cells ** 2
-    error, df = math.inf, 0
-    if base_df > 0 and variant_df > 0:
-        error = math.sqrt((base_part + variant_part) * inflation)
-        df = (base_part + variant_part) ** 2 / (base_part ** 2 / base_df + variant_part ** 2 / variant_df)
-    seeds = max(len(variant) for _, variant in cells.values())
+def control_terms(cells):
+    """Per cell of {cell: ({replicate: base loss}, {replicate: variant loss})}: (the paired differences d over the
+    replicates both arms have, the base's losses b at those replicates, the base's mean over all its replicates)."""
+    terms = []
+    for base, variant in cells.values():
+        paired = sorted(set(base) & set(variant))
+        terms.append(([variant[i] - base[i] for i in paired], [base[i] for i in paired],
+                      statistics.fmean(base.values())))
+    return terms
+
+
+def verdict_with_base_control(cells, inflation=1.0):
+    """The dict of one verdict (judged) from {cell: ({replicate: base loss}, {replicate: variant loss})} where the
+    base has more replicates than the variant: double sampling for regression (Cochran, Sampling Techniques, 1977,
+    §12.6). At each cell the paired differences' mean d̄ is corrected by how far its k base seeds fell from all the
+    base's K: d̄ - beta (b̄_k - b̄_K), beta the regression of d on b pooled within cells. Its variance per cell is
+    S_resid / k + (S_dd - S_resid) / K (S_dd the differences' variance, S_resid what b leaves of it), times
+    inflation (design_effect); df: the pairs' within-cell df, less one for beta."""
+    terms = control_terms(cells)
+    dd = sum((x - statistics.fmean(d)) ** 2 for d, _, _ in terms for x in d)
+    db = sum((x - statistics.fmean(d)) * (y - statistics.fmean(b)) for d, b, _ in terms for x, y in zip(d, b))
+    bb = sum((y - statistics.fmean(b)) ** 2 for _, b, _ in terms for y in b)
+    df = sum(len(d) - 1 for d, _, _ in terms) - 1
+    beta = 0.0
+    if bb > 0:
+        beta = db / bb
+    s_dd = dd / (df + 1)
+    s_resid = (dd - db * beta) / (df + 1)
+    n_cells = len(terms)
+    mean = statistics.fmean(statistics.fmean(d) - beta * (statistics.fmean(b) - base_mean) for d, b, base_mean in terms)
+    variance = sum(s_resid / len(d) + (s_dd - s_resid) / len(cell[0])
+                   for (d, _, _), cell in zip(terms, cells.values())) / n_cells ** 2
+    # beta is estimated, and one beta corrects every cell: its error moves the mean by the cells' mean shift
+    shift = statistics.fmean(statistics.fmean(b) - base_mean for _, b, base_mean in terms)
+    if bb > 0:
+        variance += shift ** 2 * s_resid / bb
+    seeds = max(len(d) for d, _, _ in terms)
     base_seeds = max(len(base) for base, _ in cells.values())
-    return judged(mean, error, df, n_cells, seeds, base_seeds, "against every base seed", inflation)
+    v = judged(mean, math.sqrt(variance * inflation), df, n_cells, seeds, base_seeds, "paired, base control",
+               inflation)
+    v["beta"] = beta
+    return v
 
 
 def judged(mean, error, df, n_cells, n_seeds, n_base_seeds, design, inflation):
@@ -179,31 +199,33 @@ def judged(mean, error, df, n_cells, n_seeds, n_base_seeds, design, inflation):
 
 def compare(base_replicates, variant_replicates, looped_only=True):
     """({label: verdict} per looped r and pooled, {cell: [the variant's seeds' differences]} for a figure), each
-    verdict in the design its cells allow (judge): against every base seed, each seed's difference is from the
-    base's mean; paired, each replicate's from the base's replicate."""
+    verdict in the design its cells allow (judge); with the base's other seeds as a control, each paired
+    difference carries its cell's correction."""
     losses = losses_by_cell(base_replicates, variant_replicates, looped_only)
     pairs = paired_differences(base_replicates, variant_replicates, looped_only)
     cells = {cell: (losses[cell], by_seed) for cell, by_seed in pairs.items() if cell in losses}
     verdicts = verdicts_by_r(cells, judge)
     differences = {}
-    for cell, ((base, variant), by_seed) in cells.items():
-        differences[cell] = list(by_seed.values())
-        if verdicts[f"r = {cell[1]}"]["design"] == "against every base seed":
-            differences[cell] = [x - statistics.fmean(base.values()) for x in variant.values()]
+    for cell, ((base, _), by_seed) in cells.items():
+        correction = 0.0
+        v = verdicts[f"r = {cell[1]}"]
+        if v["design"] == "paired, base control":
+            paired_base = statistics.fmean(base[i] for i in by_seed)
+            correction = v["beta"] * (paired_base - statistics.fmean(base.values()))
+        differences[cell] = [x - correction for x in by_seed.values()]
     return verdicts, differences
 
 
 def judge(cells):
     """One verdict over {cell: (({replicate: base loss}, {replicate: variant loss}), {replicate: difference})}:
-    against every base seed where at every cell the variant has two or more seeds and the base more than the
-    variant (the module docstring), else paired; the seeds' variance times the base's design_effect. None
-    without cells."""
+    paired, with the base's other seeds as a control where at every cell the variant has two or more seeds and
+    the base more than the variant (the module docstring), else paired alone; the seeds' variance times the
+    base's design_effect. None without cells."""
     if not cells:
         return None
     inflation = design_effect({cell: base for cell, ((base, _), _) in cells.items()})
     if all(len(variant) >= 2 and len(base) > len(variant) for (base, variant), _ in cells.values()):
-        arms = {cell: (list(base.values()), list(variant.values())) for cell, ((base, variant), _) in cells.items()}
-        return verdict_against_base_seeds(arms, inflation)
+        return verdict_with_base_control({cell: arms for cell, (arms, _) in cells.items()}, inflation)
     return verdict({cell: by_seed for cell, (_, by_seed) in cells.items()}, inflation)
 
 
@@ -212,9 +234,9 @@ def verdict_line(label, v):
     if v is None:
         return f"{label}: no paired runs"
     design = f"{v['n_cells']} cells x {v['n_seeds']} seed(s), t-interval with {v['df']} df"
-    if v["design"] == "against every base seed":
-        design = (f"{v['n_cells']} cells x {v['n_seeds']} seed(s) against the base's {v['n_base_seeds']}, Welch "
-                  f"t-interval with {v['df']:.0f} df")
+    if v["design"] == "paired, base control":
+        design = (f"{v['n_cells']} cells x {v['n_seeds']} seed(s) paired, the base's {v['n_base_seeds']} a control "
+                  f"(beta {v['beta']:+.2f}), t-interval with {v['df']} df")
     if v["inflation"] > 1:
         design += f", the seeds' variance x{v['inflation']:.2f} as a seed's cells covary"
     if not math.isfinite(v["half_width"]):
@@ -241,15 +263,14 @@ def verdicts_by_r(cells, judge=verdict):
 def expected_half_width(seed_sd, n_cells, n_seeds, n_base_seeds=1):
     """The 95% half-width a design of n_cells x n_seeds of the variant against n_base_seeds of the base should
     give (compare's design for those counts) when each run's loss carries seed noise seed_sd, independent
-    between the arms: paired, a difference has sd sqrt(2) seed_sd, an upper bound, since a variant paired with
-    its base on the same seed and data order shares some of it (dev/README.md, "The verdict and the power"); one
-    seed per cell takes its df from the cells, and the spread of the effect across cells adds to it. Against
-    every base seed, seed_sd sqrt(1/n_seeds + 1/n_base_seeds), with Welch's df for equal noise in the arms."""
+    between the arms: an upper bound, since a variant paired with its base on the same seed and data order shares
+    some of it (dev/README.md, "The verdict and the power"). Paired alone, a difference has sd sqrt(2) seed_sd;
+    one seed per cell takes its df from the cells, and the spread of the effect across cells adds to it. With the
+    base's other seeds as a control, independent arms leave seed_sd^2 (1/n_seeds + 1/n_base_seeds)."""
     if n_seeds >= 2 and n_base_seeds > n_seeds:
-        variant_part, base_part = 1 / n_seeds, 1 / n_base_seeds
-        df = (variant_part + base_part) ** 2 / (variant_part ** 2 / (n_cells * (n_seeds - 1)) +
-                                                base_part ** 2 / (n_cells * (n_base_seeds - 1)))
-        return student_t.ppf(0.5 + LEVEL / 2, df) * seed_sd * math.sqrt((variant_part + base_part) / n_cells)
+        df = n_cells * (n_seeds - 1) - 1
+        variance = seed_sd ** 2 * (1 / n_seeds + 1 / n_base_seeds) / n_cells
+        return student_t.ppf(0.5 + LEVEL / 2, df) * math.sqrt(variance)
     difference_sd = math.sqrt(2) * seed_sd
     df = n_cells * (n_seeds - 1)
     if n_seeds == 1:

@@ -358,7 +358,7 @@ def test_each_committed_full_arms_report_is_what_the_report_prints_now(arm, tmp_
         json.loads((RESULTS / out.name / "fit" / "ablation.json").read_text())["verdicts"]
 
 
-@pytest.mark.parametrize("arm", ["gated", "hyper", "null", "lr007"])
+@pytest.mark.parametrize("arm", ["gated", "hyper", "null", "lr007", "rsi"])
 def test_each_committed_quiet_arms_report_is_what_the_report_prints_now(arm, tmp_path):
     """The quick arms on the quiet recipe, every replicate: their committed fit/ablation.txt is what this checkout
     prints against the quiet base, and "nothing changed" there is the base at another seed (each replicate
