@@ -23,6 +23,7 @@ Sampling (the KV cache, generate()) is engine.py's.
 "The authors' code" below: nanochat/gpt.py of https://github.com/kschwethelm/looped-lm-scaling (their fork).
 """
 import math
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -222,7 +223,7 @@ class GPT(nn.Module):
     """The looped model of the module docstring: prelude, a shared block of `recur` layers run r times behind the
     injection, coda. cfg (flops.ModelConfig) fixes every shape, so flops.py counts exactly its parameters and FLOPs."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, seed=0, draws="global"):
         super().__init__()
         self.cfg = cfg
         d, K = cfg.d_model, cfg.hc_lanes
@@ -251,20 +252,23 @@ class GPT(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)  # rebuilt from cfg, never checkpointed
         self.register_buffer("rope_sin", sin, persistent=False)
         self.backend = ("sdpa", None)  # set_device_backend picks the device's kernel (train.py, runs.load_run_model)
-        self.init_weights()
+        self.init_weights(seed if draws == "by-name" else None)
 
     @torch.no_grad()
-    def init_weights(self):
+    def init_weights(self, seed=None):
         """App. C.1. No zero-initialised output projections: MuonH keeps every matrix on the
-        sphere of its initial Frobenius norm, so a zero matrix would stay zero forever."""
+        sphere of its initial Frobenius norm, so a zero matrix would stay zero forever. Random draws come from
+        the global RNG, or with a seed from each weight's own generator (draw_generator)."""
         d = self.cfg.d_model
-        nn.init.normal_(self.wte.weight, mean=0.0, std=1.0)
-        nn.init.normal_(self.lm_head.weight, mean=0.0, std=1e-3)  # near-zero logits: the first loss is ~ln V
+        nn.init.normal_(self.wte.weight, mean=0.0, std=1.0, generator=self.draw_generator(self.wte.weight, seed))
+        nn.init.normal_(self.lm_head.weight, mean=0.0, std=1e-3,  # near-zero logits: the first loss is ~ln V
+                        generator=self.draw_generator(self.lm_head.weight, seed))
         a, a_proj = math.sqrt(3 / d), math.sqrt(3 / (4 * d))
         for block in self.blocks():
             for projection in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.attn.c_proj, block.mlp.c_fc):
-                nn.init.uniform_(projection.weight, -a, a)
-            nn.init.uniform_(block.mlp.c_proj.weight, -a_proj, a_proj)  # fan-in 4d
+                nn.init.uniform_(projection.weight, -a, a, generator=self.draw_generator(projection.weight, seed))
+            nn.init.uniform_(block.mlp.c_proj.weight, -a_proj, a_proj,  # fan-in 4d
+                             generator=self.draw_generator(block.mlp.c_proj.weight, seed))
         for module in self.modules():
             if isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
@@ -282,6 +286,17 @@ class GPT(nn.Module):
             self.hc_alpha[steps, steps % K] = 1.0  # step t reads lane t mod K
             self.hc_mix.copy_(torch.eye(K).expand(self.cfg.r, K, K))
             self.hc_beta.fill_(1.0)
+
+    def draw_generator(self, weight, seed):
+        """The generator weight's initial draw comes from: None (the global RNG, whose state depends on every module
+        built before: how every committed run was drawn) without a seed, else one of its own seeded by (seed, its
+        parameter name) (train.py --init-draws by-name). Then a variant that adds or drops a module starts every
+        module it shares with its base exactly as the base does: common random numbers, so an ablation's pairs
+        share their start (dev/README.md, "The verdict and the power")."""
+        if seed is None:
+            return None
+        name = next(name for name, p in self.named_parameters() if p is weight)
+        return torch.Generator(weight.device).manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
 
     def blocks(self):
         """Every transformer block the model holds, prelude, loop (each untied copy) and coda: what init_weights

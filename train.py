@@ -192,7 +192,7 @@ def setup(run):
     if run.identity["dtype"] == "bfloat16":
         run.autocast = torch.autocast(run.device.type, dtype=torch.bfloat16)
     torch.manual_seed(args.seed)
-    run.model = GPT(cfg).to(run.device)
+    run.model = GPT(cfg, seed=args.seed, draws=args.init_draws).to(run.device)
     run.backend = run.model.set_device_backend(run.device)
     # Newton-Schulz in bf16 on GPU (tensor cores); on CPU fp32 matmuls are the fast ones.
     ns_dtype = torch.bfloat16 if run.device.type == "cuda" else torch.float32

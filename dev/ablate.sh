@@ -9,7 +9,8 @@
 #   bash dev/ablate.sh gated --quick -- --injection gated   # r = 4 at 1.1e12 and 2.4e12 (7 runs): the paired table
 #   bash dev/ablate.sh rsi --quick --plan -- --random-state-init   # the plan only: nothing is trained or written
 #   bash dev/ablate.sh gated --quick --seeds 3 -- --injection gated  # 3 seeds: a verdict with a narrower CI
-#   bash dev/ablate.sh gated --quick --quiet --seeds 3 -- --injection gated  # on the quiet recipe: ±0.01 nats
+#   bash dev/ablate.sh gated --quick --quiet --seeds 3 -- --injection gated  # on the quiet recipe: ±0.012-0.017
+#   bash dev/ablate.sh gated --quick --quiet --paired-init --seeds 3 -- --injection gated  # common initial draws
 #
 # --seeds K trains K replicates of the arm: replicate i of the variant with its own --seed (default 0) + i into
 # OUT-seed<i> (OUT itself for i = 0), and of the base with --seed i into BASE-seed<i> (BASE itself for i = 0; a
@@ -21,6 +22,11 @@
 # dev/README.md "The noise and the quiet recipe"). Its base is dev/results/cpu-micro-quiet (and -quiet-layout,
 # the layout-matched anchor), trained at the arm's cells the first time an ablation needs them, then reused;
 # the default base is the committed cpu-micro (and cpu-micro-layout).
+# --paired-init trains both arms with train.py --init-draws by-name: each weight's initial draw from a generator
+# seeded by the seed and its name, so a variant that adds or drops a module (gated injection drops W_inj) starts
+# every module it shares exactly as its base does, where from the one global RNG it starts from another draw, as a
+# new seed would (common random numbers: the pairs share their start, and what differs is the change). Its base is
+# BASE-byname (dev/results/cpu-micro-quiet-byname with --quiet), trained once as --quiet's is, then reused.
 #
 # --plan lists every run of the arm: the flags it gets, what train.py will do with it (reuse which committed run
 # of the same run identity, dev/results/*/runs/<name>/final.json, or train it) and, for a run to train, a time at
@@ -46,9 +52,9 @@
 # Environment: CPU_JOBS (default 2), PYTHON, OUT, COMPILE (default 1; 0 trains eagerly).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: bash dev/ablate.sh NAME [--quick] [--quiet] [--plan] [--seeds K] -- TRAIN_FLAGS (--help says more)"
+usage="usage: bash dev/ablate.sh NAME [--quick] [--quiet] [--paired-init] [--plan] [--seeds K] -- TRAIN_FLAGS (--help says more)"
 if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then
-  echo "usage: bash dev/ablate.sh NAME [--quick] [--quiet] [--plan] [--seeds K] -- TRAIN_FLAGS"
+  echo "usage: bash dev/ablate.sh NAME [--quick] [--quiet] [--paired-init] [--plan] [--seeds K] -- TRAIN_FLAGS"
   sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
@@ -59,6 +65,7 @@ NAME="$1"; shift
 [[ "$NAME" =~ ^[A-Za-z0-9._-]+$ ]] || { echo "ablate.sh: NAME '$NAME': use letters, digits, . _ - ($usage)" >&2; exit 2; }
 QUICK=""
 QUIET=""
+PAIRED=""
 PLAN=""
 CHECK_ONLY=""  # plan_arm for the check before training: no output unless a run is refused
 SEEDS=1
@@ -66,6 +73,7 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
     --quiet) QUIET=1; shift ;;
+    --paired-init) PAIRED=1; shift ;;
     --plan) PLAN=1; shift ;;
     --seeds)
       if ! [[ "${2:-}" =~ ^[1-9][0-9]*$ ]]; then
@@ -85,6 +93,11 @@ if [ -n "$QUIET" ]; then
   [ "${#RECIPE_FLAGS[@]}" -gt 0 ] || { echo "ablate.sh: CPU_QUIET_FLAGS not found in sweep.sh" >&2; exit 2; }
   BASE_DIR=dev/results/cpu-micro-quiet
 fi
+if [ -n "$PAIRED" ]; then
+  RECIPE_FLAGS+=(--init-draws by-name)
+  BASE_DIR="$BASE_DIR-byname"
+fi
+BASE_VARIANT="${BASE_DIR#dev/results/cpu-micro-}"  # quiet, byname or quiet-byname: sweep.sh's --variant for it
 set -- "${RECIPE_FLAGS[@]}" "$@"
 OWN_SEED=0  # the variant's own --seed (train.py's last one wins), from which its replicates count
 args=("$@")
@@ -97,7 +110,7 @@ done
 [[ "$OWN_SEED" =~ ^[0-9]+$ ]] || { echo "ablate.sh: --seed $OWN_SEED: a seed is a non-negative integer" >&2; exit 2; }
 PYTHON="${PYTHON:-python3}"
 CPU_JOBS="${CPU_JOBS:-2}"
-OUT="${OUT:-dev/results/cpu-micro-$NAME${QUICK:+-quick}${QUIET:+-quiet}}"
+OUT="${OUT:-dev/results/cpu-micro-$NAME${QUICK:+-quick}${QUIET:+-quiet}${PAIRED:+-byname}}"
 COMPILE_FLAG=(--compile)
 if [ "${COMPILE:-1}" = 0 ]; then COMPILE_FLAG=(); fi
 BASE="$BASE_DIR/results.jsonl"
@@ -141,9 +154,9 @@ plan_arm() {  # the same arguments: every run train_arm would give train.py, and
 }
 every_arm() {  # ACTION (train_arm or plan_arm) on every arm of the ablation, in the order they train
   local i seed
-  if [ -n "$QUIET" ]; then  # the quiet recipe's base and its layout-matched anchor (the looped runs reused)
-    "$1" "$BASE_DIR" cpu-micro quiet "${SUBSET[@]}" -- "${RECIPE_FLAGS[@]}"
-    "$1" "$BASE_DIR-layout" cpu-micro-layout quiet "${SUBSET[@]}" -- "${RECIPE_FLAGS[@]}"
+  if [ -n "$QUIET$PAIRED" ]; then  # the base of that recipe and its layout-matched anchor (the looped runs reused)
+    "$1" "$BASE_DIR" cpu-micro "$BASE_VARIANT" "${SUBSET[@]}" -- "${RECIPE_FLAGS[@]}"
+    "$1" "$BASE_DIR-layout" cpu-micro-layout "$BASE_VARIANT" "${SUBSET[@]}" -- "${RECIPE_FLAGS[@]}"
   fi
   "$1" "$OUT" cpu-micro "$NAME" "${SUBSET[@]}" --r1-flags "$R1_FLAGS" -- "${VARIANT_FLAGS[@]}"
   for ((i = 1; i < SEEDS; i++)); do  # the other replicates: the base's (reused once trained), then the variant's
@@ -154,7 +167,7 @@ every_arm() {  # ACTION (train_arm or plan_arm) on every arm of the ablation, in
   done
 }
 if [ -n "$PLAN" ]; then
-  echo "ablate.sh $NAME${QUICK:+ --quick}${QUIET:+ --quiet}: the plan into $OUT (CPU_JOBS=$CPU_JOBS," \
+  echo "ablate.sh $NAME${QUICK:+ --quick}${QUIET:+ --quiet}${PAIRED:+ --paired-init}: the plan into $OUT (CPU_JOBS=$CPU_JOBS," \
        "COMPILE=${COMPILE:-1}); nothing is trained or written"
   if [ -f "$OUT/INCOMPLETE" ]; then
     echo "  $OUT is an unfinished ablation (its INCOMPLETE file says how it stopped); running it finishes it"

@@ -79,6 +79,10 @@ def train_parser(description=""):
     g.add_argument("--prompt", default="The capital of France is", help="what --sample continues")
     g.add_argument("--sample-tokens", type=positive_int, default=48, help="tokens per sample")
     g.add_argument("--seed", type=int, default=0, help="the initialisation's seed")
+    g.add_argument("--init-draws", default="global", choices=["global", "by-name"],
+                   help="by-name: each weight's initial draw from its own generator, seeded by --seed and its name, "
+                        "so a variant that adds or drops a module starts the modules it shares as the base does "
+                        "(dev/ablate.sh --paired-init); global: the one RNG, as every committed run")
     g.add_argument("--data-order", type=int, default=ROW_ORDER_SEED, metavar="SEED",
                    help=f"the seed of the training rows' order (default {ROW_ORDER_SEED}: every run reads the same "
                         f"order; another one measures what the order alone moves, dev/noise.sh)")
@@ -203,6 +207,8 @@ def run_identity(args, meta, plan):
         identity["loops"] = plan.loops.identity()
     if args.data_order != ROW_ORDER_SEED:  # only then: every earlier run read the default order
         identity["data_order"] = args.data_order
+    if args.init_draws != "global":  # only then: every earlier run drew from the global RNG
+        identity["init_draws"] = args.init_draws
     identity = json.loads(json.dumps(identity))  # through JSON, so it compares equal to what files hold
     return identity, run_id_of(identity)
 

@@ -216,8 +216,8 @@ def test_train_py_help_among_the_flags_is_one_line_and_leaves_no_folder(tmp_path
 
 def test_ablate_sh_help_says_what_it_does():
     proc = ablate("--help")
-    assert proc.returncode == 0 and proc.stdout.startswith("usage: bash dev/ablate.sh NAME [--quick] [--quiet] [--plan]")
-    assert "--plan lists every run" in proc.stdout and "INCOMPLETE" in proc.stdout
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: bash dev/ablate.sh NAME [--quick] [--quiet] [--paired-init] [--plan]")
+    assert "--plan lists every run" in proc.stdout and "INCOMPLETE" in proc.stdout and "--init-draws by-name" in proc.stdout
 
 
 @pytest.fixture(scope="module")

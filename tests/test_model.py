@@ -303,6 +303,23 @@ def test_initialisation():
     assert all(torch.all(m.weight == 1) for m in model.modules() if type(m).__name__ == "RMSNorm")
 
 
+@pytest.mark.parametrize("variant", ["gated", "hyper", "additive"])
+def test_initial_draws_by_name_start_a_variant_where_its_base_starts(variant):
+    """train.py --init-draws by-name: every weight a variant shares with the linear base (same name, same shape)
+    starts equal to the base's at the same seed, and another seed draws others; from the one global RNG (every
+    committed run), building one more module first (linear's W_inj) shifts every later draw, so none is equal."""
+    def weights(injection, seed, draws):
+        torch.manual_seed(seed)
+        return dict(GPT(tiny(injection=injection), seed=seed, draws=draws).named_parameters())
+    base, variant_weights = weights("linear", 3, "by-name"), weights(variant, 3, "by-name")
+    shared = [name for name in base if name in variant_weights and base[name].shape == variant_weights[name].shape]
+    assert len(shared) > 20 and all(torch.equal(base[name], variant_weights[name]) for name in shared)
+    assert not torch.equal(weights("linear", 4, "by-name")["wte.weight"], base["wte.weight"])
+    base, variant_weights = weights("linear", 3, "global"), weights(variant, 3, "global")
+    assert not any(torch.equal(base[name], variant_weights[name]) for name in shared if base[name].std() > 0)
+    assert torch.equal(base["recur.0.mlp.c_fc.weight"], make(seed=3).recur[0].mlp.c_fc.weight)  # the default: as before
+
+
 def test_vocab_padded_and_logits_sliced():
     model = make(vocab_size=300)
     assert model.wte.weight.shape[0] == 320 and model.lm_head.weight.shape[0] == 320

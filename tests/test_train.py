@@ -867,6 +867,19 @@ def test_a_cpu_run_takes_one_thread_unless_told(monkeypatch, capsys):
     assert "OMP_NUM_THREADS if set, else 1" in " ".join(capsys.readouterr().out.split())
 
 
+def test_initial_draws_by_name_are_a_run_of_their_own_and_the_default_keeps_every_run_id(sample_data):
+    """--init-draws by-name draws other initial weights than the global RNG, so it is in the identity; the default
+    (global, how every committed run was drawn) has no entry there, and every run_id stays."""
+    meta = dataloader.read_meta(sample_data)
+    identities = {}
+    for extra in ([], ["--init-draws", "global"], ["--init-draws", "by-name"]):
+        args = train.parse_args(["--data", str(sample_data), *TINY, "--tokens", "2048", *extra])
+        identities[" ".join(extra)] = runs.run_identity(args, meta, runs.plan_run(args, meta, 1))
+    assert identities[""] == identities["--init-draws global"] and "init_draws" not in identities[""][0]
+    assert identities["--init-draws by-name"][0]["init_draws"] == "by-name"
+    assert identities["--init-draws by-name"][1] != identities[""][1]
+
+
 def test_the_data_order_is_a_noise_source_of_its_own(sample_data):
     """--data-order SEED reads the training rows in another permutation (dev/noise.sh separates what the order
     moves from what the initialisation moves); its default is the order every committed run read, and then the
