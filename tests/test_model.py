@@ -315,6 +315,7 @@ def test_initial_draws_by_name_start_a_variant_where_its_base_starts(variant):
     shared = [name for name in base if name in variant_weights and base[name].shape == variant_weights[name].shape]
     assert len(shared) > 20 and all(torch.equal(base[name], variant_weights[name]) for name in shared)
     assert not torch.equal(weights("linear", 4, "by-name")["wte.weight"], base["wte.weight"])
+    assert not torch.equal(base["recur.0.attn.c_q.weight"], base["recur.0.attn.c_k.weight"])  # a draw per weight
     base, variant_weights = weights("linear", 3, "global"), weights(variant, 3, "global")
     assert not any(torch.equal(base[name], variant_weights[name]) for name in shared if base[name].std() > 0)
     assert torch.equal(base["recur.0.mlp.c_fc.weight"], make(seed=3).recur[0].mlp.c_fc.weight)  # the default: as before
