@@ -345,6 +345,8 @@ MUTATIONS = [
     M("init_draws_by_name_by_default", "model.py", 'def __init__(self, cfg: ModelConfig, seed=0, draws="global"):',
       'def __init__(self, cfg: ModelConfig, seed=0, draws="by-name"):', ("tests/test_model.py -k initial_draws_by_name",),
       "the default draws from the global RNG, as every committed run"),
+    M("paired_init_leaves_the_draws_global", "dev/ablate.sh", "  RECIPE_FLAGS+=(--init-draws by-name)\n", "  :\n",
+      ("tests/test_ablation.py -k paired_init",), "--paired-init trains every arm with --init-draws by-name"),
     M("plan_total_of_the_last_arm", "dev/ablation_report.py", '    runs = sum(arm["to_train"] for arm in arms)',
       '    runs = arms[-1]["to_train"]',
       ("tests/test_ablation.py -k plans_total_adds",), "--plan's total counts every arm's runs, replicates too"),

@@ -258,6 +258,22 @@ def test_the_plan_lists_each_run_reused_or_to_train_with_its_flags_and_writes_no
     assert not out.exists()
 
 
+def test_paired_init_gives_both_arms_and_their_own_base_the_same_initial_draws(committed_data):
+    """--paired-init: every run of every arm (the base of its recipe, its layout anchor, the variant, each
+    replicate) is trained with --init-draws by-name, and the base is its own (cpu-micro-quiet-byname with --quiet),
+    not the committed quiet base drawn from the global RNG."""
+    proc = ablate("gated", "--quick", "--quiet", "--paired-init", "--seeds", "2", "--plan", "--", "--injection",
+                  "gated", DATA=str(committed_data))
+    assert proc.returncode == 0, proc.stderr
+    assert "the plan into dev/results/cpu-micro-gated-quick-quiet-byname" in proc.stdout
+    for arm in ("cpu-micro-quiet-byname (sweep.sh --grid cpu-micro --variant quiet-byname",
+                "cpu-micro-quiet-byname-layout (sweep.sh --grid cpu-micro-layout", "cpu-micro-quiet-byname-seed1 (",
+                "cpu-micro-gated-quick-quiet-byname-seed1 ("):
+        assert f"dev/results/{arm}" in proc.stdout, arm
+    runs = [line for line in proc.stdout.splitlines() if "_micro " in line]
+    assert len(runs) == 14 + 14 + 14 + 7 + 7 and all("--init-draws by-name" in line for line in runs)
+
+
 def test_the_plans_total_adds_every_arms_runs_and_time(tmp_path):
     """--seeds K trains its arms one after another (the base's replicates, then the variant's), so the plan's
     total is the sum over the arms --plan tallied: runs to train and estimated wall time, before the power."""
