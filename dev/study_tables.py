@@ -130,13 +130,18 @@ def verdict_table():
     return lines
 
 
-# dev/ablate.sh --quick --quiet's arms, each against the quiet recipe's base (cpu-micro-quiet, its replicates
-# cpu-micro-quiet-seed<i>), in the report's design; the first line is the quiet recipe against the grid's
+# dev/ablate.sh --quick --quiet's arms, each against its base: the quiet recipe's (cpu-micro-quiet, its replicates
+# cpu-micro-quiet-seed<i>) or, for --paired-init, the same recipe's with --init-draws by-name; in the report's design.
+# The first line of the table is the quiet recipe against the grid's.
 QUIET_BASE = "cpu-micro-quiet"
-QUIET_ARMS = [("cpu-micro-gated-quick-quiet", "gated injection"), ("cpu-micro-hyper-quick-quiet", "hyperconnections, K = 2"),
-              ("cpu-micro-null-quick-quiet", "the null: --seed 100"),
-              ("cpu-micro-lr007-quick-quiet", "the quiet recipe at MuonH LR 0.007"),
-              ("cpu-micro-rsi-quick-quiet", "random state init (--random-state-init)")]
+PAIRED_BASE = "cpu-micro-quiet-byname"
+QUIET_ARMS = [("cpu-micro-gated-quick-quiet", "gated injection", QUIET_BASE),
+              ("cpu-micro-hyper-quick-quiet", "hyperconnections, K = 2", QUIET_BASE),
+              ("cpu-micro-null-quick-quiet", "the null: --seed 100", QUIET_BASE),
+              ("cpu-micro-lr007-quick-quiet", "the quiet recipe at MuonH LR 0.007", QUIET_BASE),
+              ("cpu-micro-rsi-quick-quiet", "random state init (--random-state-init)", QUIET_BASE),
+              ("cpu-micro-gated-quick-quiet-byname", "gated injection, paired initial draws (--paired-init)",
+               PAIRED_BASE)]
 
 
 def quiet_verdict_table():
@@ -150,12 +155,12 @@ def quiet_verdict_table():
     lines = ["| arm (quick cells) | seeds | r = 1 | r = 4 |", "|---|---|---|---|",
              f"| the quiet recipe against the grid's | 1 | {verdict_cell(verdicts.get('r = 1'), power=True)} | "
              f"{verdict_cell(verdicts.get('r = 4'), power=True)} |"]
-    for grid, label in QUIET_ARMS:
+    for grid, label, arm_base in QUIET_ARMS:
         if not (RESULTS / grid / "fit" / "ablation.json").is_file():
             continue
         # r = 1 where the arm changes it; the design the report's (nanoloop/verdict.compare)
-        verdicts, _ = compare(ablation_report.replicates(base), ablation_report.replicates(RESULTS / grid),
-                              looped_only=False)
+        verdicts, _ = compare(ablation_report.replicates(RESULTS / arm_base),
+                              ablation_report.replicates(RESULTS / grid), looped_only=False)
         seeds = seeds_cell(verdicts["r = 4"])
         lines.append(f"| {label} | {seeds} | {verdict_cell(verdicts.get('r = 1'), power=True)} | "
                      f"{verdict_cell(verdicts.get('r = 4'), power=True)} |")
@@ -211,7 +216,8 @@ def quick_noise_table():
     quiet arm with two or more seeds: a candidate recipe (the LR arm) is read against the base like any arm. The
     null trains the base's own distribution at other seeds, so the two together are the recipe's best estimate."""
     lines = ["| r = 4 at the quick cells | seeds | cells | seed sd (pooled) | mean val loss |", "|---|---|---|---|---|"]
-    arms = [((QUIET_BASE,), "the quiet base")] + [((grid,), label) for grid, label in QUIET_ARMS]
+    arms = [((QUIET_BASE,), "the quiet base"), ((PAIRED_BASE,), "the quiet base, paired initial draws")]
+    arms += [((grid,), label) for grid, label, _ in QUIET_ARMS]
     arms.append(((QUIET_BASE, "cpu-micro-null-quick-quiet"), "the quiet recipe: the base's seeds and the null's"))
     for grids, label in arms:
         folders = [RESULTS / grid for grid in grids]
@@ -458,8 +464,9 @@ def main():
     print("\neach arm against the base, run for run: verdict, mean Δ val loss (nats/token) and 95% CI\n" +
           "\n".join(verdict_table()))
     if quiet := quiet_verdict_table():
-        print("\nthe quick arms on the quiet recipe against its base (cpu-micro-quiet), paired by cell and seed (its other seeds a control where it has more): "
-              "verdict, mean Δ val loss and 95% CI (± its half-width)\n" + "\n".join(quiet))
+        print("\nthe quick arms on the quiet recipe against its base (cpu-micro-quiet; -byname for --paired-init), "
+              "paired by cell and seed (its other seeds a control where it has more): verdict, mean Δ val loss and "
+              "95% CI (± its half-width)\n" + "\n".join(quiet))
         print("\nthe seed noise at the quick cells, quiet recipe (nats/token)\n" + "\n".join(quick_noise_table()))
         print("\nthe seed noise per quick cell, r = 4, the quiet base's seeds and the null's (nats/token)\n" +
               "\n".join(quick_noise_by_cell_table()))

@@ -374,12 +374,15 @@ def test_each_committed_full_arms_report_is_what_the_report_prints_now(arm, tmp_
         json.loads((RESULTS / out.name / "fit" / "ablation.json").read_text())["verdicts"]
 
 
-@pytest.mark.parametrize("arm", ["gated", "hyper", "null", "lr007", "rsi"])
+@pytest.mark.parametrize("arm", ["gated", "hyper", "null", "lr007", "rsi", "gated-byname"])
 def test_each_committed_quiet_arms_report_is_what_the_report_prints_now(arm, tmp_path):
     """The quick arms on the quiet recipe, every replicate: their committed fit/ablation.txt is what this checkout
-    prints against the quiet base, and "nothing changed" there is the base at another seed (each replicate
-    against seed 0 at the 7 cells), since a retrain of the quiet recipe is bit-identical."""
-    name = f"cpu-micro-{arm}-quick-quiet"
+    prints against their base (the quiet one, or with --paired-init its own), and "nothing changed" there is the
+    base at another seed (each replicate against seed 0 at the 7 cells), since a retrain of the quiet recipe is
+    bit-identical."""
+    arm, _, draws = arm.partition("-")
+    name = f"cpu-micro-{arm}-quick-quiet" + (f"-{draws}" if draws else "")
+    base = "cpu-micro-quiet" + (f"-{draws}" if draws else "")
     seeds = json.loads((RESULTS / name / "fit" / "ablation.json").read_text())["verdicts"]["r = 4"]["n_seeds"]
     for i in range(seeds):
         folder = name if i == 0 else f"{name}-seed{i}"
@@ -388,12 +391,12 @@ def test_each_committed_quiet_arms_report_is_what_the_report_prints_now(arm, tmp
     (tmp_path / name / "fit").mkdir()
     for fit in ("compare.json", "compare_layout.json"):
         shutil.copy(RESULTS / name / "fit" / fit, tmp_path / name / "fit")
-    text = report(tmp_path / name, "--base", str(RESULTS / "cpu-micro-quiet"), "--noise-recipe", "cosine-avg-lr014")
+    text = report(tmp_path / name, "--base", str(RESULTS / base), "--noise-recipe", "cosine-avg-lr014")
     committed = (RESULTS / name / "fit" / "ablation.txt").read_text().splitlines()
     where = ("(c) wrote", "ablate.sh ", "(--quick")
     assert [line for line in text.splitlines() if not line.startswith(where)] == \
         [line for line in committed if not line.startswith(where)]
-    base_seeds = len(list(RESULTS.glob("cpu-micro-quiet-seed*"))) + 1
+    base_seeds = len(list(RESULTS.glob(f"{base}-seed*"))) + 1
     assert f"| the base at seed i vs seed 0 (its replicates) | 4 | {7 * (base_seeds - 1)} |" in text
     assert (tmp_path / name / "fit" / "ablation.png").stat().st_size > 10_000
 

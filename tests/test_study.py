@@ -297,7 +297,7 @@ def test_readme_quiet_table_is_the_committed_rows():
     out = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py")], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     table = out.split("the quick arms on the quiet recipe")[1].split("\n\n")[0].splitlines()[1:]
-    assert len(table) == 2 + 6
+    assert len(table) == 2 + 7
     assert "| better: " in table[4] and table[5].startswith("| the null") and "| worse: " not in table[5]
     assert table[6].startswith("| the quiet recipe at MuonH LR 0.007 | 4 (the base's 11) | worse: ")  # r = 1's LR is 0.014's
     readme = (ROOT / "README.md").read_text().splitlines()
