@@ -292,7 +292,7 @@ class GPT(nn.Module):
         built before: how every committed run was drawn) without a seed, else one of its own seeded by (seed, its
         parameter name) (train.py --init-draws by-name). Then a variant that adds or drops a module starts every
         module it shares with its base exactly as the base does: common random numbers, so an ablation's pairs
-        share their start (dev/README.md, "The verdict and the power")."""
+        share their start (dev/README.md, "Common initial draws": for gated injection they do not stay together)."""
         if seed is None:
             return None
         name = next(name for name, p in self.named_parameters() if p is weight)

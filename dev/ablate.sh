@@ -10,7 +10,7 @@
 #   bash dev/ablate.sh rsi --quick --plan -- --random-state-init   # the plan only: nothing is trained or written
 #   bash dev/ablate.sh gated --quick --seeds 3 -- --injection gated  # 3 seeds: a verdict with a narrower CI
 #   bash dev/ablate.sh gated --quick --quiet --seeds 3 -- --injection gated  # on the quiet recipe: ±0.012-0.017
-#   bash dev/ablate.sh gated --quick --quiet --paired-init --seeds 3 -- --injection gated  # common initial draws
+#   bash dev/ablate.sh gated --quick --quiet --paired-init --seeds 3 -- --injection gated  # shared initial draws
 #
 # --seeds K trains K replicates of the arm: replicate i of the variant with its own --seed (default 0) + i into
 # OUT-seed<i> (OUT itself for i = 0), and of the base with --seed i into BASE-seed<i> (BASE itself for i = 0; a
@@ -25,8 +25,9 @@
 # --paired-init trains both arms with train.py --init-draws by-name: each weight's initial draw from a generator
 # seeded by the seed and its name, so a variant that adds or drops a module (gated injection drops W_inj) starts
 # every module it shares exactly as its base does, where from the one global RNG it starts from another draw, as a
-# new seed would (common random numbers: the pairs share their start, and what differs is the change). Its base is
-# BASE-byname (dev/results/cpu-micro-quiet-byname with --quiet), trained once as --quiet's is, then reused.
+# new seed would (common random numbers: the pairs share their start). Its base is BASE-byname
+# (dev/results/cpu-micro-quiet-byname with --quiet), trained once as --quiet's is, then reused. Measured on gated
+# injection at 3 seeds: ±0.015, as without it (dev/README.md, "Common initial draws").
 #
 # --plan lists every run of the arm: the flags it gets, what train.py will do with it (reuse which committed run
 # of the same run identity, dev/results/*/runs/<name>/final.json, or train it) and, for a run to train, a time at
