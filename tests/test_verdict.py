@@ -142,6 +142,17 @@ def test_resampled_nulls_of_the_quiet_recipe_cover_zero_at_95_percent():
     assert widths["control"] < 0.9 * widths["paired"], widths
 
 
+def test_dev_readme_designs_table_is_what_verdict_designs_prints():
+    """dev/README.md's per-arm table of the three designs (dev/verdict_designs.py's (a)) is this checkout's, line
+    for line: the committed arms and the verdict's code cannot drift apart from the numbers it cites."""
+    import sys
+    sys.path.insert(0, str(RESULTS.parent))
+    import verdict_designs
+    lines = verdict_designs.arm_lines(verdict_designs.looped(verdict_designs.replicates(verdict_designs.BASE)))
+    readme = (RESULTS.parent / "README.md").read_text().splitlines()
+    assert all(line in readme for line in lines[1:]), lines
+
+
 def test_pairing_cancels_the_noise_both_arms_share():
     """Base and variant of one (cell, seed) share most of their noise (the seed's initialisation and the data
     order): the paired difference sees a 0.02-nat effect that an unpaired comparison of the arms' means cannot."""
