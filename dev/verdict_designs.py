@@ -54,7 +54,7 @@ def welch(base, variant):
     variant_part = sum(variant_variance / len(v) for _, v in cells.values()) / n_cells ** 2
     df = (base_part + variant_part) ** 2 / (base_part ** 2 / base_df + variant_part ** 2 / variant_df)
     inflation = design_effect({cell: b for cell, (b, _) in cells.items()})
-    return judged(mean, ((base_part + variant_part) * inflation) ** 0.5, df, n_cells, 0, 0, "welch", inflation)
+    return judged(mean, ((base_part + variant_part) * inflation) ** 0.5, df, {"design": "welch"})
 
 
 def verdicts(base, variant):

@@ -83,7 +83,8 @@ def verdict(pairs, inflation=1.0):
         return None
     mean, error, df = mean_and_error(pairs, inflation)
     seeds = max(len(by_seed) for by_seed in pairs.values())
-    return judged(mean, error, df, len(pairs), seeds, seeds, "paired", inflation)
+    return judged(mean, error, df, {"n_cells": len(pairs), "n_seeds": seeds, "n_base_seeds": seeds,
+                                    "design": "paired", "inflation": inflation})
 
 
 def losses_by_cell(base_replicates, variant_replicates, looped_only=True):
@@ -173,17 +174,16 @@ def verdict_with_base_control(cells, inflation=1.0):
         variance += shift ** 2 * s_resid / bb
     seeds = max(len(d) for d, _, _ in terms)
     base_seeds = max(len(base) for base, _ in cells.values())
-    v = judged(mean, math.sqrt(variance * inflation), df, n_cells, seeds, base_seeds, "paired, base control",
-               inflation)
-    v["beta"] = beta
-    return v
+    return judged(mean, math.sqrt(variance * inflation), df,
+                  {"n_cells": n_cells, "n_seeds": seeds, "n_base_seeds": base_seeds, "design": "paired, base control",
+                   "inflation": inflation, "beta": beta})
 
 
-def judged(mean, error, df, n_cells, n_seeds, n_base_seeds, design, inflation):
-    """The dict of one verdict: mean, ci (lo, hi), half_width (the smallest effect this design can see), df,
-    n_cells, n_seeds (the variant's, the most at a cell), n_base_seeds, design, inflation (of the seeds' variance:
-    design_effect), and word: "better" (the CI lies below 0: a lower loss), "worse" (above 0) or "no difference"
-    (the CI covers 0)."""
+def judged(mean, error, df, design):
+    """The dict of one verdict: mean, ci (lo, hi), half_width (the smallest effect this design can see), df and
+    word: "better" (the CI lies below 0: a lower loss), "worse" (above 0) or "no difference" (the CI covers 0);
+    then the design's own entries: n_cells, n_seeds (the variant's, the most at a cell), n_base_seeds, design,
+    inflation (of the seeds' variance: design_effect) and, with the base control, beta."""
     half_width = math.inf
     if df > 0:
         half_width = student_t.ppf(0.5 + LEVEL / 2, df) * error
@@ -193,8 +193,7 @@ def judged(mean, error, df, n_cells, n_seeds, n_base_seeds, design, inflation):
         word = "better"
     elif lo > 0:
         word = "worse"
-    return {"mean": mean, "ci": [lo, hi], "half_width": half_width, "df": df, "word": word, "n_cells": n_cells,
-            "n_seeds": n_seeds, "n_base_seeds": n_base_seeds, "design": design, "inflation": inflation}
+    return {"mean": mean, "ci": [lo, hi], "half_width": half_width, "df": df, "word": word} | design
 
 
 def compare(base_replicates, variant_replicates, looped_only=True):
