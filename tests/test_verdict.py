@@ -1,10 +1,10 @@
 """
-The verdict of an ablation (nanoloop/verdict.py, printed first by dev/ablation_report.py): the mean difference
-with a 95% t-interval and the word that follows from it, paired by seed and, where the base has more seeds than
-the variant, with the base's other seeds as a control. Calibrated: a null ablation (the same distribution, other seeds) covers 0
-in 95% of repeats, on synthetic rows and on nulls drawn from the quiet recipe's 22 committed seeds, also where a
-seed's cells covary; a change of known large effect (hyperconnections at r = 4, the committed grids) comes out
-better; the interval narrows with seeds as sqrt(seeds) when the noise is seeds'.
+The verdict of an ablation (nanoloop/verdict.py, printed first by dev/ablation_report.py): the mean difference with
+a 95% t-interval and the word that follows from it, paired by seed and, where the base has more seeds than the
+variant, with the base's other seeds as a control. Calibrated: a null ablation (the same distribution, other seeds)
+covers 0 in 95% of repeats, on synthetic rows and on nulls drawn from the quiet recipe's 22 committed seeds, also
+where a seed's cells covary; a change of known large effect (hyperconnections at r = 4, the committed grids) comes
+out better; the interval narrows with seeds as sqrt(seeds) when the noise is seeds'.
 """
 import json
 import math
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from scipy.stats import t as student_t
 
-from nanoloop.verdict import compare, paired_differences, verdict, verdict_line, verdict_with_base_control, verdicts_by_r
+from nanoloop.verdict import (compare, paired_differences, verdict, verdict_line, verdict_with_base_control,
+                              verdicts_by_r)
 
 RESULTS = Path(__file__).resolve().parents[1] / "dev" / "results"
 CELLS = [(1.1e12, 4, 8), (1.1e12, 4, 16), (1.1e12, 4, 24), (2.4e12, 4, 8), (2.4e12, 4, 16), (2.4e12, 4, 24),
