@@ -15,7 +15,7 @@
 # --seeds K trains K replicates of the arm: replicate i of the variant with its own --seed (default 0) + i into
 # OUT-seed<i> (OUT itself for i = 0), and of the base with --seed i into BASE-seed<i> (BASE itself for i = 0; a
 # base replicate trained once is reused by every later ablation), looped runs only: the verdict pairs them by
-# cell and replicate, or compares the arm's K with all of the base's where it has more (the quiet base: 11;
+# cell and replicate, the base's other seeds a control where it has more (the quiet base: 11;
 # nanoloop/verdict.py), the fits use replicate 0.
 # --quiet trains both arms on the quiet CPU recipe (sweep.sh's CPU_QUIET_FLAGS: warmup and cosine decay, the
 # last 20% of the weights averaged, MuonH LR 0.014; half the seed noise of the grid's recipe at a lower loss,

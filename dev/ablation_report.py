@@ -33,7 +33,8 @@ from nanoloop.common import DataError, fail, one_line_errors, positive_int  # no
 from nanoloop.laws import ci_bounds_reached, estimate_text, is_untied  # noqa: E402 (the one way a CI is printed)
 from nanoloop.loops import check_loops_fit, loop_counts_from_args  # noqa: E402
 from nanoloop.sweep_state import duration, parse_flags  # noqa: E402
-from nanoloop.verdict import cell_of, compare, design_effect, expected_half_width, verdict_line  # noqa: E402
+from nanoloop.verdict import (cell_of, compare, design_effect, expected_half_width, losses_by_replicate,  # noqa: E402
+                              verdict_line)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "dev" / "results"
@@ -630,11 +631,8 @@ def replicate_seed_sd(base):
     runs, at the seeds the base has (the quiet base: 11), where dev/noise.sh measured one cell per r."""
     if not (base / "results.jsonl").is_file():
         return {}, 0
-    losses = {}
     found = replicates(base)
-    for replicate, rows in enumerate(found):
-        for row in rows:
-            losses.setdefault(cell_of(row), {})[replicate] = float(row["val_loss"])
+    losses = losses_by_replicate(found)
     squares, dfs = {}, {}
     for (_, r, _), by_replicate in losses.items():
         if len(by_replicate) > 1:

@@ -87,24 +87,28 @@ def verdict(pairs, inflation=1.0):
                                     "design": "paired", "inflation": inflation})
 
 
+def losses_by_replicate(replicates):
+    """{(budget, r, d): {replicate: val loss}} over every replicate's rows (replicate i: the i-th list of rows)."""
+    losses = {}
+    for replicate, rows in enumerate(replicates):
+        for row in rows:
+            losses.setdefault(cell_of(row), {})[replicate] = float(row["val_loss"])
+    return losses
+
+
 def losses_by_cell(base_replicates, variant_replicates, looped_only=True):
     """{(budget, r, d): ({replicate: the base's val loss}, {replicate: the variant's})} at the cells both arms
     trained, leaving out what paired_differences does: r = 1 by default, and a cell whose variant run
     is one of the base's (the same run_id, reused)."""
-    arms = []
-    for replicates in (base_replicates, variant_replicates):
-        losses, run_ids = {}, {}
-        for replicate, rows in enumerate(replicates):
-            for row in rows:
-                losses.setdefault(cell_of(row), {})[replicate] = float(row["val_loss"])
-                run_ids.setdefault(cell_of(row), set()).add(row.get("run_id"))
-        arms.append((losses, run_ids))
-    (base, base_ids), (variant, variant_ids) = arms
+    base, variant = losses_by_replicate(base_replicates), losses_by_replicate(variant_replicates)
+    base_ids = {(cell_of(row), row.get("run_id")) for rows in base_replicates for row in rows}
+    shared = {cell_of(row) for rows in variant_replicates for row in rows
+              if row.get("run_id") is not None and (cell_of(row), row["run_id"]) in base_ids}
     cells = {}
     for cell, losses in variant.items():
         if looped_only and cell[1] == 1:
             continue
-        if cell not in base or (variant_ids[cell] & base_ids[cell]) - {None}:
+        if cell not in base or cell in shared:
             continue
         cells[cell] = (base[cell], losses)
     return cells
@@ -132,18 +136,20 @@ def pooled_variance(samples):
     df = sum(len(values) - 1 for values in samples)
     if df == 0:
         return 0.0, 0
-    squares = sum((x - statistics.fmean(values)) ** 2 for values in samples for x in values)
+    means = [statistics.fmean(values) for values in samples]  # each once, not once per value
+    squares = sum((x - mean) ** 2 for values, mean in zip(samples, means) for x in values)
     return squares / df, df
 
 
 def control_terms(cells):
     """Per cell of {cell: ({replicate: base loss}, {replicate: variant loss})}: (the paired differences d over the
-    replicates both arms have, the base's losses b at those replicates, the base's mean over all its replicates)."""
+    replicates both arms have, the base's losses b at those replicates, the base's mean over all its K replicates,
+    K)."""
     terms = []
     for base, variant in cells.values():
         paired = sorted(set(base) & set(variant))
         terms.append(([variant[i] - base[i] for i in paired], [base[i] for i in paired],
-                      statistics.fmean(base.values())))
+                      statistics.fmean(base.values()), len(base)))
     return terms
 
 
@@ -155,25 +161,28 @@ def verdict_with_base_control(cells, inflation=1.0):
     S_resid / k + (S_dd - S_resid) / K (S_dd the differences' variance, S_resid what b leaves of it), times
     inflation (design_effect); df: the pairs' within-cell df, less one for beta."""
     terms = control_terms(cells)
-    dd = sum((x - statistics.fmean(d)) ** 2 for d, _, _ in terms for x in d)
-    db = sum((x - statistics.fmean(d)) * (y - statistics.fmean(b)) for d, b, _ in terms for x, y in zip(d, b))
-    bb = sum((y - statistics.fmean(b)) ** 2 for _, b, _ in terms for y in b)
-    df = sum(len(d) - 1 for d, _, _ in terms) - 1
+    dd = db = bb = 0.0  # within-cell sums of squares and products of d and b, pooled over the cells
+    for d, b, _, _ in terms:
+        d_mean, b_mean = statistics.fmean(d), statistics.fmean(b)
+        dd += sum((x - d_mean) ** 2 for x in d)
+        db += sum((x - d_mean) * (y - b_mean) for x, y in zip(d, b))
+        bb += sum((y - b_mean) ** 2 for y in b)
+    df = sum(len(d) - 1 for d, _, _, _ in terms) - 1
     beta = 0.0
     if bb > 0:
         beta = db / bb
     s_dd = dd / (df + 1)
     s_resid = (dd - db * beta) / (df + 1)
     n_cells = len(terms)
-    mean = statistics.fmean(statistics.fmean(d) - beta * (statistics.fmean(b) - base_mean) for d, b, base_mean in terms)
-    variance = sum(s_resid / len(d) + (s_dd - s_resid) / len(cell[0])
-                   for (d, _, _), cell in zip(terms, cells.values())) / n_cells ** 2
+    # how far each cell's paired base seeds fell from the base's mean over all its seeds
+    shifts = [statistics.fmean(b) - base_mean for _, b, base_mean, _ in terms]
+    mean = statistics.fmean(statistics.fmean(d) - beta * shift for (d, _, _, _), shift in zip(terms, shifts))
+    variance = sum(s_resid / len(d) + (s_dd - s_resid) / n_base for d, _, _, n_base in terms) / n_cells ** 2
     # beta is estimated, and one beta corrects every cell: its error moves the mean by the cells' mean shift
-    shift = statistics.fmean(statistics.fmean(b) - base_mean for _, b, base_mean in terms)
     if bb > 0:
-        variance += shift ** 2 * s_resid / bb
-    seeds = max(len(d) for d, _, _ in terms)
-    base_seeds = max(len(base) for base, _ in cells.values())
+        variance += statistics.fmean(shifts) ** 2 * s_resid / bb
+    seeds = max(len(d) for d, _, _, _ in terms)
+    base_seeds = max(n_base for _, _, _, n_base in terms)
     return judged(mean, math.sqrt(variance * inflation), df,
                   {"n_cells": n_cells, "n_seeds": seeds, "n_base_seeds": base_seeds, "design": "paired, base control",
                    "inflation": inflation, "beta": beta})
@@ -200,9 +209,11 @@ def compare(base_replicates, variant_replicates, looped_only=True):
     """({label: verdict} per looped r and pooled, {cell: [the variant's seeds' differences]} for a figure), each
     verdict in the design its cells allow (judge); with the base's other seeds as a control, each paired
     difference carries its cell's correction."""
-    losses = losses_by_cell(base_replicates, variant_replicates, looped_only)
-    pairs = paired_differences(base_replicates, variant_replicates, looped_only)
-    cells = {cell: (losses[cell], by_seed) for cell, by_seed in pairs.items() if cell in losses}
+    cells = {}
+    for cell, (base, variant) in losses_by_cell(base_replicates, variant_replicates, looped_only).items():
+        by_seed = {i: loss - base[i] for i, loss in variant.items() if i in base}  # paired_differences' pairs
+        if by_seed:
+            cells[cell] = ((base, variant), by_seed)
     verdicts = verdicts_by_r(cells, judge)
     differences = {}
     for cell, ((base, _), by_seed) in cells.items():
