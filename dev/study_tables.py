@@ -35,8 +35,12 @@ GRIDS = [("cpu-micro", "base (linear injection)", "0.46 [0.41, 0.53]"),
          ("cpu-micro-trunc", "truncated BPTT, r_bwd = ceil(r/2)", "0.38"),
          ("cpu-micro-hyper", "hyperconnections, K = 2", "0.65"),
          ("cpu-micro-gated", "gated injection (dev/ablate.sh)", "-"),
-         ("cpu-micro-untied", "base's looped runs against the untied model (dev/ablate.sh)", "-")]
-CASE_STUDIES = ["cpu-micro-trunc", "cpu-micro-hyper", "cpu-micro-gated"]
+         ("cpu-micro-untied", "base's looped runs against the untied model (dev/ablate.sh)", "-"),
+         ("cpu-micro-quiet", "base on the quiet recipe (--quiet)", "-"),
+         ("cpu-micro-gated-quiet", "gated injection, quiet recipe (dev/ablate.sh --quiet)", "-")]
+# each case study's base: its layout-matched anchor is <base>-layout's r = 1 runs
+CASE_STUDIES = {"cpu-micro-trunc": "cpu-micro", "cpu-micro-hyper": "cpu-micro", "cpu-micro-gated": "cpu-micro",
+                "cpu-micro-gated-quiet": "cpu-micro-quiet"}
 
 
 def load_rows(grid):
@@ -60,7 +64,7 @@ def column(row):
 def layout_anchored_rows(grid):
     """A case study's looped rows with the layout-matched r = 1 runs as the anchor (the plain r = 1 is dropped):
     what dev/ablate.sh fits an ablation's delta-phi on, built by the same function."""
-    return ablation_report.layout_anchored_rows(load_rows(grid), ablation_report.BASE)
+    return ablation_report.layout_anchored_rows(load_rows(grid), RESULTS / CASE_STUDIES[grid])
 
 
 def phi_with_ci(joint):
@@ -100,8 +104,11 @@ def phi_table():
     return lines
 
 
-# the arms the verdict table pairs with the base, run for run (the lr arm retrains r = 2 and 4 only)
-VERDICT_GRIDS = ["cpu-micro-lr", "cpu-micro-trunc", "cpu-micro-hyper", "cpu-micro-gated", "cpu-micro-untied"]
+# the arms the verdict table pairs with their base, run for run (the lr arm retrains r = 2 and 4 only): the grid's
+# recipe, then the quiet recipe against it and the quiet arm against the quiet base
+VERDICT_GRIDS = [("cpu-micro-lr", "cpu-micro"), ("cpu-micro-trunc", "cpu-micro"), ("cpu-micro-hyper", "cpu-micro"),
+                 ("cpu-micro-gated", "cpu-micro"), ("cpu-micro-untied", "cpu-micro"), ("cpu-micro-quiet", "cpu-micro"),
+                 ("cpu-micro-gated-quiet", "cpu-micro-quiet")]
 
 
 def verdict_cell(v, power=False):
@@ -115,14 +122,15 @@ def verdict_cell(v, power=False):
 
 
 def verdict_table():
-    """Each arm against the base, cell by cell (nanoloop/verdict.py): per looped r and pooled, the word, the mean
+    """Each arm against its base, cell by cell (nanoloop/verdict.py): per looped r and pooled, the word, the mean
     validation-loss difference (arm - base, nats/token) and its 95% CI. One seed per cell, so the CI comes from
-    the spread across cells."""
+    the spread across cells. An arm not committed yet is left out."""
     labels = dict((grid, label) for grid, label, _ in GRIDS)
-    base = load_rows("cpu-micro")
     lines = ["| arm | r = 2 | r = 4 | r = 8 | all r |", "|---|---|---|---|---|"]
-    for grid in VERDICT_GRIDS:
-        verdicts = verdicts_by_r(paired_differences([base], [load_rows(grid)]))
+    for grid, base in VERDICT_GRIDS:
+        verdicts = verdicts_by_r(paired_differences([load_rows(base)], [load_rows(grid)]))
+        if not verdicts:
+            continue
         cells = []
         for label in ("r = 2", "r = 4", "r = 8", "all r"):
             cells.append(verdict_cell(verdicts.get(label)))
@@ -132,7 +140,6 @@ def verdict_table():
 
 # dev/ablate.sh --quick --quiet's arms, each against its base: the quiet recipe's (cpu-micro-quiet, its replicates
 # cpu-micro-quiet-seed<i>) or, for --paired-init, the same recipe's with --init-draws by-name; in the report's design.
-# The first line of the table is the quiet recipe against the grid's.
 QUIET_BASE = "cpu-micro-quiet"
 PAIRED_BASE = "cpu-micro-quiet-byname"
 QUIET_ARMS = [("cpu-micro-gated-quick-quiet", "gated injection", QUIET_BASE),
@@ -146,15 +153,10 @@ QUIET_ARMS = [("cpu-micro-gated-quick-quiet", "gated injection", QUIET_BASE),
 
 def quiet_verdict_table():
     """The quick arms on the quiet recipe: per arm its seeds and its verdict at r = 4 (the half-width is the
-    power); first the quiet base's seed-0 runs against the grid recipe's at the same cells, r = 1 and r = 4."""
-    base = RESULTS / QUIET_BASE
-    if not (base / "results.jsonl").is_file():
+    power). The quiet recipe against the grid's is verdict_table's, over the full grid."""
+    if not (RESULTS / QUIET_BASE / "results.jsonl").is_file():
         return []
-    recipe = paired_differences([load_rows("cpu-micro")], [load_rows(QUIET_BASE)], looped_only=False)
-    verdicts = verdicts_by_r(recipe)
-    lines = ["| arm (quick cells) | seeds | r = 1 | r = 4 |", "|---|---|---|---|",
-             f"| the quiet recipe against the grid's | 1 | {verdict_cell(verdicts.get('r = 1'), power=True)} | "
-             f"{verdict_cell(verdicts.get('r = 4'), power=True)} |"]
+    lines = ["| arm (quick cells) | seeds | r = 1 | r = 4 |", "|---|---|---|---|"]
     for grid, label, arm_base in QUIET_ARMS:
         if not (RESULTS / grid / "fit" / "ablation.json").is_file():
             continue
@@ -174,7 +176,8 @@ def seeds_cell(v):
     return str(v["n_seeds"])
 
 def quick_rows_by_cell(folders):
-    """({(budget, d): [r = 4 rows, one per seed]}, seeds) over every seed replicate of the folders."""
+    """({(budget, d): [r = 4 rows, one per seed]}, seeds) over every seed replicate of the folders, at the cells
+    with two or more seeds: the quick cells (the quiet base's full-grid cells beyond them have seed 0 alone)."""
     by_seed = []
     for folder in folders:
         by_seed += ablation_report.replicates(folder)
@@ -183,14 +186,14 @@ def quick_rows_by_cell(folders):
         for row in rows:
             if row["r"] == 4:
                 by_cell.setdefault((row["flops_budget"], row["d_model"]), []).append(row)
-    return by_cell, len(by_seed)
+    return {cell: rows for cell, rows in by_cell.items() if len(rows) > 1}, len(by_seed)
 
 
 def quick_noise_row(label, folders):
     """One line of quick_noise_table, or None below two seeds: the r = 4 runs at each quick cell over every seed
     replicate of the folders, each cell's variance pooled (the root of their mean), and the mean loss."""
     by_cell, seeds = quick_rows_by_cell(folders)
-    spread_cells = [[row["val_loss"] for row in rows] for rows in by_cell.values() if len(rows) > 1]
+    spread_cells = [[row["val_loss"] for row in rows] for rows in by_cell.values()]
     if not spread_cells:
         return None
     pooled = statistics.fmean(statistics.variance(losses) for losses in spread_cells) ** 0.5

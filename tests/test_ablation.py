@@ -352,18 +352,22 @@ def test_a_failed_ablation_is_marked_incomplete_and_its_report_refused(tmp_path)
     assert "not a finished ablation" in refused.stderr and "INCOMPLETE" in refused.stderr
 
 
-@pytest.mark.parametrize("arm", ["gated", "trunc", "hyper"])
-def test_each_committed_full_arms_report_is_what_the_report_prints_now(arm, tmp_path):
-    """The full arms' committed fit/ablation.txt (the gated ablation, and the truncated-BPTT and hyperconnection
-    case studies that sweep.sh trained) is what this checkout's report prints from their committed rows and
-    fits: README's verdicts cannot go stale behind a change to the verdict or the tables."""
+QUIET_REPORT = ("--base", str(RESULTS / "cpu-micro-quiet"), "--noise-recipe", "cosine-avg-lr014")  # ablate.sh --quiet's
+
+
+@pytest.mark.parametrize("arm, flags", [("gated", ()), ("trunc", ()), ("hyper", ()), ("gated-quiet", QUIET_REPORT)])
+def test_each_committed_full_arms_report_is_what_the_report_prints_now(arm, flags, tmp_path):
+    """The full arms' committed fit/ablation.txt (the gated ablation on the grid's recipe and on the quiet one,
+    and the truncated-BPTT and hyperconnection case studies that sweep.sh trained) is what this checkout's report
+    prints from their committed rows and fits against their base: README's verdicts cannot go stale behind a
+    change to the verdict or the tables."""
     out = tmp_path / f"cpu-micro-{arm}"
     (out / "fit").mkdir(parents=True)
     shutil.copy(RESULTS / out.name / "results.jsonl", out)
     for name in ("compare.json", "compare_layout.json"):
         shutil.copy(RESULTS / out.name / "fit" / name, out / "fit")
-    proc = subprocess.run([sys.executable, str(ROOT / "dev" / "ablation_report.py"), str(out)], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(ROOT / "dev" / "ablation_report.py"), str(out), *flags],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     committed = (RESULTS / out.name / "fit" / "ablation.txt").read_text().splitlines()
     # the lines that name where it ran: the figure's path, ablate.sh's timing, the note on who wrote it

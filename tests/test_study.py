@@ -32,7 +32,8 @@ def test_readme_verdict_table_is_the_committed_rows():
     out = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py")], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     table = out.split("each arm against the base, run for run")[1].split("\n\n")[0].splitlines()[1:]
-    assert len(table) == 2 + 5 and table[3].startswith("| truncated BPTT") and "| better: " in table[3]
+    # the grid recipe's five arms, then the quiet recipe against the grid's and the quiet gated arm against it
+    assert len(table) == 2 + 7 and table[3].startswith("| truncated BPTT") and "| better: " in table[3]
     readme = (ROOT / "README.md").read_text().splitlines()
     assert all(line in readme for line in table), table
 
@@ -41,9 +42,9 @@ def test_readme_phi_table_is_the_committed_fits():
     out = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py")], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     table = out.split("\n\n")[0].splitlines()[1:]
-    # header, the seven grids (base, layout, lr, trunc, hyper, the gated and untied ablations), the layout-anchored
-    # case studies
-    assert len(table) == 2 + 7 + len(LAYOUT_COMPARES) and "not fitted yet" not in "".join(table)
+    # header, the nine grids (base, layout, lr, trunc, hyper, the gated and untied ablations; the quiet base and its
+    # gated arm), the layout-anchored case studies
+    assert len(table) == 2 + 9 + len(LAYOUT_COMPARES) and "not fitted yet" not in "".join(table)
     readme = (ROOT / "README.md").read_text().splitlines()
     assert all(line in readme for line in table), table
     # a CI that runs to the fitter's bound (phi = -3) is not an interval: the plain anchor's, and every delta-phi
@@ -121,7 +122,8 @@ def test_layout_anchored_fits_read_the_committed_rows():
     """A case study against the layout-matched r = 1 is fitted from <grid>/fit/layout_anchored.jsonl: that
     file is the grid's own looped rows plus cpu-micro-layout's r = 1 rows (what study_tables.py builds),
     so no row in it is typed in or stale."""
-    assert [p.parent.parent.name for p in LAYOUT_COMPARES] == ["cpu-micro-gated", "cpu-micro-hyper", "cpu-micro-trunc"]
+    assert [p.parent.parent.name for p in LAYOUT_COMPARES] == ["cpu-micro-gated", "cpu-micro-gated-quiet",
+                                                               "cpu-micro-hyper", "cpu-micro-trunc"]
     for path in LAYOUT_COMPARES:
         grid = path.parent.parent.name
         rows = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py"), "--layout-anchored", grid],
@@ -143,7 +145,8 @@ EXPECTED_RESULTS = {"cpu-micro/results.jsonl": 56, "cpu-micro-layout/results.jso
                     "cpu-micro-eval/results.jsonl": 56, "cpu-micro-eval/seeds.jsonl": 4,
                     "cpu-micro-eval-core/results.jsonl": 56,
                     "cpu-micro-gated/results.jsonl": 56, "cpu-micro-gated-quick/results.jsonl": 14,
-                    "cpu-micro-untied/results.jsonl": 56,
+                    "cpu-micro-untied/results.jsonl": 56, "cpu-micro-quiet/results.jsonl": 56,
+                    "cpu-micro-quiet-layout/results.jsonl": 56, "cpu-micro-gated-quiet/results.jsonl": 56,
                     "cpu-micro-newstep/results.jsonl": 26, "cpu-micro-kernel/results.jsonl": 24,
                     "cpu-micro-kernel/sdpa.jsonl": 24, "cpu-micro-kernel/fragile.jsonl": 4}
 
@@ -165,7 +168,7 @@ def test_every_expected_result_set_is_committed_whole():
     for name, n_rows in EXPECTED_RESULTS.items():
         assert len(read_jsonl(RESULTS / name)) == n_rows, name
     assert {RESULTS / name for name in EXPECTED_RESULTS} <= set(COMMITTED_ROWS)
-    assert sum(EXPECTED_RESULTS.values()) == 758
+    assert sum(EXPECTED_RESULTS.values()) == 758 + 3 * 56
 
 
 @pytest.mark.parametrize("path", COMMITTED_ROWS, ids=[str(p.relative_to(RESULTS)) for p in COMMITTED_ROWS])
@@ -209,7 +212,8 @@ COMMITTED_FITS = [path for path in sorted(RESULTS.glob("**/fit*.json")) + sorted
 
 
 def test_every_grid_has_a_committed_bootstrap():
-    grids = ("cpu-micro", "cpu-micro-layout", "cpu-micro-lr", "cpu-micro-trunc", "cpu-micro-hyper")
+    grids = ("cpu-micro", "cpu-micro-layout", "cpu-micro-lr", "cpu-micro-trunc", "cpu-micro-hyper", "cpu-micro-quiet",
+             "cpu-micro-quiet-layout")
     assert {RESULTS / grid / "fit" / "fit.json" for grid in grids} <= set(COMMITTED_FITS)
 
 
@@ -268,7 +272,8 @@ def test_committed_run_ids_follow_from_todays_flags_even_after_adding_an_optimis
 
 
 @pytest.mark.parametrize("grid", ["cpu-micro", "cpu-micro-layout", "cpu-micro-lr", "cpu-micro-trunc", "cpu-micro-hyper",
-                                  "cpu-micro-gated", "cpu-micro-gated-quick", "cpu-truncate-or-not", "cpu-untied"])
+                                  "cpu-micro-gated", "cpu-micro-gated-quick", "cpu-truncate-or-not", "cpu-untied",
+                                  "cpu-micro-quiet", "cpu-micro-quiet-layout", "cpu-micro-gated-quiet"])
 def test_each_committed_run_keeps_its_final_json_which_is_its_row(grid):
     """The committed grids keep, of each run folder, final.json alone (what train.py wrote there: the row), so
     that a variant sweep reuses the committed runs instead of retraining them (tests/test_sweep.py)."""
@@ -291,15 +296,15 @@ def test_table_12_at_cpu_scale_is_what_its_rows_give():
 
 
 def test_readme_quiet_table_is_the_committed_rows():
-    """README's quick arms on the quiet recipe (dev/study_tables.py): the recipe against the grid's, then each arm
-    against the quiet base in the report's design (against all 11 of its seeds for an arm of 4); hyperconnections
-    better, the null no difference."""
+    """README's quick arms on the quiet recipe (dev/study_tables.py): each arm against the quiet base in the
+    report's design (against all 11 of its seeds for an arm of 4); hyperconnections better, the null no
+    difference. (The recipe against the grid's is a row of the verdict table, over the full grid.)"""
     out = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py")], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     table = out.split("the quick arms on the quiet recipe")[1].split("\n\n")[0].splitlines()[1:]
-    assert len(table) == 2 + 7
-    assert "| better: " in table[4] and table[5].startswith("| the null") and "| worse: " not in table[5]
-    assert table[6].startswith("| the quiet recipe at MuonH LR 0.007 | 4 (the base's 11) | worse: ")  # r = 1's LR is 0.014's
+    assert len(table) == 2 + 6
+    assert "| better: " in table[3] and table[4].startswith("| the null") and "| worse: " not in table[4]
+    assert table[5].startswith("| the quiet recipe at MuonH LR 0.007 | 4 (the base's 11) | worse: ")  # r = 1's LR is 0.014's
     readme = (ROOT / "README.md").read_text().splitlines()
     assert all(line in readme for line in table), table
 
@@ -320,7 +325,7 @@ def test_dev_readme_seed_noise_at_the_quick_cells_is_the_committed_replicates():
     for arm, seeds in (("cpu-micro-quiet", 11), ("cpu-micro-null-quick-quiet", 11)):
         for folder in [RESULTS / arm] + [RESULTS / f"{arm}-seed{i}" for i in range(1, seeds)]:
             for row in read_jsonl(folder / "results.jsonl"):
-                if row["r"] == 4:
+                if row["r"] == 4 and row["flops_budget"] in (1.1e12, 2.4e12):  # --quick's budgets
                     losses.setdefault((row["flops_budget"], row["d_model"]), []).append(row["val_loss"])
     assert len(losses) == 7 and all(len(values) == 22 for values in losses.values())
     pooled = statistics.fmean(statistics.variance(values) for values in losses.values()) ** 0.5
@@ -348,8 +353,8 @@ def test_dev_readme_noise_by_source_is_the_committed_seeds():
     """The noise by source (#50; dev/noise.sh, dev/study_tables.py), line for line in dev/README.md: at two budgets
     of the full grid, every r has five seeds on the grid's recipe and on the quiet one; the quiet recipe halves the
     looped runs' seed sd pooled over the cells (the root mean variance: 0.048 -> 0.024) and is no noisier at r = 1;
-    a retrain of the same run_id on one kind of machine is bit-identical where the quiet base holds it (the grid's
-    committed rows came from other machines)."""
+    a retrain of the same run_id on one kind of machine is bit-identical: the quiet base holds every cell, at
+    every r (the grid's committed rows came from other machines)."""
     table = study_tables_block("the noise by source")
     readme = (ROOT / "dev" / "README.md").read_text().splitlines()
     assert all(line in readme for line in table), table
@@ -363,4 +368,4 @@ def test_dev_readme_noise_by_source_is_the_committed_seeds():
     pooled_quiet = (sum(quiet[key] ** 2 for key in looped) / len(looped)) ** 0.5
     assert pooled_quiet < pooled_grid / 1.5
     assert all(quiet[key] <= grid[key] for key in grid if key[1] == "1")
-    assert {cell[7] for cell in cells} == {"-", "0.000"}
+    assert {cell[7] for cell in cells} == {"0.000"}
