@@ -62,8 +62,9 @@ def paired_differences(base_replicates, variant_replicates, looped_only=True):
 
 def mean_and_error(pairs, inflation=1.0):
     """(mean over cells of each cell's mean difference, its standard error, degrees of freedom), as the module
-    docstring says: within-cell seed spread (its variance times inflation: design_effect) where cells have two or
-    more seeds, else the spread across cells."""
+    docstring says: within-cell seed spread where cells have two or more seeds, else the spread across cells;
+    either variance times inflation (design_effect): the spread across one seed's cells misses what they share,
+    and the mean over them carries it."""
     cell_means = [statistics.fmean(by_seed.values()) for by_seed in pairs.values()]
     mean = statistics.fmean(cell_means)
     n_cells = len(cell_means)
@@ -73,7 +74,7 @@ def mean_and_error(pairs, inflation=1.0):
         return mean, math.sqrt(variance_of_mean * inflation), df
     if n_cells < 2:
         return mean, math.inf, 0
-    return mean, statistics.stdev(cell_means) / math.sqrt(n_cells), n_cells - 1
+    return mean, statistics.stdev(cell_means) / math.sqrt(n_cells) * math.sqrt(inflation), n_cells - 1
 
 
 def verdict(pairs, inflation=1.0):

@@ -378,7 +378,7 @@ def test_each_committed_full_arms_report_is_what_the_report_prints_now(arm, flag
         json.loads((RESULTS / out.name / "fit" / "ablation.json").read_text())["verdicts"]
 
 
-@pytest.mark.parametrize("arm", ["gated", "hyper", "null", "lr007", "rsi", "gated-byname"])
+@pytest.mark.parametrize("arm", ["gated", "hyper", "null", "null200", "lr007", "rsi", "gated-byname"])
 def test_each_committed_quiet_arms_report_is_what_the_report_prints_now(arm, tmp_path):
     """The quick arms on the quiet recipe, every replicate: their committed fit/ablation.txt is what this checkout
     prints against their base (the quiet one, or with --paired-init its own), and "nothing changed" there is the

@@ -83,6 +83,16 @@ def test_a_seeds_covarying_cells_widen_the_interval_to_keep_it_95_percent():
     assert v["design"] == "paired, base control" and v["inflation"] > 1.5
 
 
+def test_one_seed_against_a_replicated_base_carries_the_seeds_covarying_cells_too():
+    """One variant seed (a first quick arm on the quiet base's 11): the noise is the spread across cells, which
+    misses the offset a seed's cells share, while their mean carries all of it. The base's replicates measure it
+    there as well, and the interval carries it: a null covers 0 in ~95%, not the ~80% the spread alone gives."""
+    share = covered_share(random.Random(6), 600, 1, 11, 0.02, 0.01)
+    assert share >= 0.92, share
+    v = compare(*arms_with_seed_offsets(random.Random(7), 1, 11, 0.02, 0.01))[0]["r = 4"]
+    assert v["design"] == "paired" and v["df"] == len(CELLS) - 1 and v["inflation"] > 1.5
+
+
 def test_the_base_control_corrects_the_paired_seeds_by_how_far_they_fell_from_the_bases_mean():
     """One cell: the base over 5 seeds (mean 5.06), the variant at its first 3, each paired difference -0.1 plus half
     the base seed's deviation from their mean (d = -0.11, -0.10, -0.09 at b = 5.00, 5.02, 5.04). The regression of d
