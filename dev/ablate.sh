@@ -11,6 +11,7 @@
 #   bash dev/ablate.sh gated --quick --seeds 3 -- --injection gated  # 3 seeds: a verdict with a narrower CI
 #   bash dev/ablate.sh gated --quick --quiet --seeds 3 -- --injection gated  # on the quiet recipe: ±0.012-0.017
 #   bash dev/ablate.sh gated --quick --quiet --paired-init --seeds 3 -- --injection gated  # shared initial draws
+#   bash dev/ablate.sh trunc --quiet --grid cpu-micro-trunc --   # a case study's per-r flags (r_bwd = ceil(r/2))
 #
 # --seeds K trains K replicates of the arm: replicate i of the variant with its own --seed (default 0) + i into
 # OUT-seed<i> (OUT itself for i = 0), and of the base with --seed i into BASE-seed<i> (BASE itself for i = 0; a
@@ -29,6 +30,10 @@
 # (dev/results/cpu-micro-quiet-byname with --quiet), trained once as --quiet's is, then reused. Measured on gated
 # injection at 3 seeds: ±0.015, as without it (dev/README.md, "Common initial draws").
 #
+# --grid GRID gives the variant (and its replicates) the runs of a case-study grid instead of cpu-micro's: its cells
+# with the flags it sets per r, cpu-micro-trunc (--r-bwd ceil(r/2), and one wider width at 1.1e12 and 2.4e12) or
+# cpu-micro-hyper (hyperconnections, K = 2); then the flags after -- may be none (--quiet's recipe alone makes the arm).
+# The base stays cpu-micro's (or --quiet's) runs; the verdict pairs the cells both arms have.
 # --plan lists every run of the arm: the flags it gets, what train.py will do with it (reuse which committed run
 # of the same run identity, dev/results/*/runs/<name>/final.json, or train it) and, for a run to train, a time at
 # the median achieved FLOP/s of the committed cpu-micro rows trained the same way at its r and width (trained on
@@ -53,9 +58,9 @@
 # Environment: CPU_JOBS (default 2), PYTHON, OUT, COMPILE (default 1; 0 trains eagerly).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: bash dev/ablate.sh NAME [--quick] [--quiet] [--paired-init] [--plan] [--seeds K] -- TRAIN_FLAGS (--help says more)"
+usage="usage: bash dev/ablate.sh NAME [--quick] [--quiet] [--paired-init] [--plan] [--seeds K] [--grid GRID] -- TRAIN_FLAGS (--help says more)"
 if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then
-  echo "usage: bash dev/ablate.sh NAME [--quick] [--quiet] [--paired-init] [--plan] [--seeds K] -- TRAIN_FLAGS"
+  echo "usage: bash dev/ablate.sh NAME [--quick] [--quiet] [--paired-init] [--plan] [--seeds K] [--grid GRID] -- TRAIN_FLAGS"
   sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
@@ -70,6 +75,7 @@ PAIRED=""
 PLAN=""
 CHECK_ONLY=""  # plan_arm for the check before training: no output unless a run is refused
 SEEDS=1
+ARM_GRID=cpu-micro  # --grid: the sweep.sh grid whose runs the variant trains
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
@@ -82,11 +88,21 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do
         exit 2
       fi
       SEEDS="$2"; shift 2 ;;
+    --grid)
+      case "${2:-}" in
+        cpu-micro|cpu-micro-trunc|cpu-micro-hyper) ARM_GRID="$2"; shift 2 ;;
+        *) echo "ablate.sh: --grid takes cpu-micro, cpu-micro-trunc or cpu-micro-hyper, got '${2:-}' ($usage)" >&2
+           exit 2 ;;
+      esac ;;
     *) echo "ablate.sh: unknown option $1 before -- ($usage)" >&2; exit 2 ;;
   esac
 done
-[ "${1:-}" = -- ] && [ $# -ge 2 ] || { echo "ablate.sh: the train.py flags that make the variant go after -- ($usage)" >&2; exit 2; }
+[ "${1:-}" = -- ] || { echo "ablate.sh: the train.py flags that make the variant go after -- ($usage)" >&2; exit 2; }
 shift
+if [ $# -eq 0 ] && [ "$ARM_GRID" = cpu-micro ]; then
+  echo "ablate.sh: the train.py flags that make the variant go after -- ($usage)" >&2
+  exit 2
+fi
 BASE_DIR=dev/results/cpu-micro  # the base's replicate 0; BASE_DIR-layout its layout-matched anchor
 RECIPE_FLAGS=()                 # --quiet: the recipe of both arms, before the variant's own flags (a later flag wins)
 if [ -n "$QUIET" ]; then
@@ -100,6 +116,11 @@ if [ -n "$PAIRED" ]; then
 fi
 BASE_VARIANT="${BASE_DIR#dev/results/cpu-micro-}"  # quiet, byname or quiet-byname: sweep.sh's --variant for it
 set -- "${RECIPE_FLAGS[@]}" "$@"
+if [ $# -eq 0 ]; then  # --grid's runs as committed: that grid's folder is the arm already
+  echo "ablate.sh: --grid $ARM_GRID with no flags after -- is dev/results/$ARM_GRID itself (python" \
+       "dev/ablation_report.py dev/results/$ARM_GRID reports it): add --quiet or the flags of a variant of it" >&2
+  exit 2
+fi
 OWN_SEED=0  # the variant's own --seed (train.py's last one wins), from which its replicates count
 args=("$@")
 for ((k = 0; k < ${#args[@]}; k++)); do
@@ -134,7 +155,7 @@ fi
 
 # The flags, checked on every run of the arm before anything is written, and those the r = 1 runs take (GPUS=0:
 # the grid's commands as a CPU machine runs them).
-R1_FLAGS=$(GPUS=0 OUT="$OUT" ./sweep.sh --grid cpu-micro --print "${SUBSET[@]}" |
+R1_FLAGS=$(GPUS=0 OUT="$OUT" ./sweep.sh --grid "$ARM_GRID" --print "${SUBSET[@]}" |
            "$PYTHON" dev/ablation_report.py "$OUT" --r1-flags -- "$@")
 R1_FLAGS="$R1_FLAGS${COMPILE_FLAG[*]:+ ${COMPILE_FLAG[*]}}"
 VARIANT_FLAGS=("$@")
@@ -159,11 +180,11 @@ every_arm() {  # ACTION (train_arm or plan_arm) on every arm of the ablation, in
     "$1" "$BASE_DIR" cpu-micro "$BASE_VARIANT" "${SUBSET[@]}" -- "${RECIPE_FLAGS[@]}"
     "$1" "$BASE_DIR-layout" cpu-micro-layout "$BASE_VARIANT" "${SUBSET[@]}" -- "${RECIPE_FLAGS[@]}"
   fi
-  "$1" "$OUT" cpu-micro "$NAME" "${SUBSET[@]}" --r1-flags "$R1_FLAGS" -- "${VARIANT_FLAGS[@]}"
+  "$1" "$OUT" "$ARM_GRID" "$NAME" "${SUBSET[@]}" --r1-flags "$R1_FLAGS" -- "${VARIANT_FLAGS[@]}"
   for ((i = 1; i < SEEDS; i++)); do  # the other replicates: the base's (reused once trained), then the variant's
     seed=$((OWN_SEED + i))
     "$1" "$BASE_DIR-seed$i" cpu-micro "base-seed$i" "${REPLICATE_SUBSET[@]}" -- "${RECIPE_FLAGS[@]}" --seed "$i"
-    "$1" "$OUT-seed$i" cpu-micro "$NAME-seed$i" "${REPLICATE_SUBSET[@]}" --r1-flags "$R1_FLAGS --seed $seed" \
+    "$1" "$OUT-seed$i" "$ARM_GRID" "$NAME-seed$i" "${REPLICATE_SUBSET[@]}" --r1-flags "$R1_FLAGS --seed $seed" \
       -- "${VARIANT_FLAGS[@]}" --seed "$seed"
   done
 }

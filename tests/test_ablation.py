@@ -101,7 +101,8 @@ def test_layout_anchored_rows_are_the_case_studies(hyper_as_an_ablation):
 
 
 @pytest.mark.parametrize("args, reason", [([], "usage"), (["gated"], "after --"), (["gated", "--"], "after --"),
-                                          (["--quick"], "usage")])
+                                          (["--quick"], "usage"), (["trunc", "--grid", "cpu-micro-trunc", "--"], "itself"),
+                                          (["trunc", "--grid", "paper", "--", "--quiet"], "--grid takes")])
 def test_ablate_sh_refuses_a_call_without_a_name_or_flags(args, reason):
     proc = subprocess.run(["bash", str(ROOT / "dev" / "ablate.sh"), *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and reason in proc.stderr and len(proc.stderr.splitlines()) == 1
@@ -255,6 +256,26 @@ def test_the_plan_lists_each_run_reused_or_to_train_with_its_flags_and_writes_no
     assert "14 runs: 7 to train, 7 reused" in proc.stdout
     assert "r = 1 runs: not given --random-state-init" in proc.stdout and "time to train: ~" in proc.stdout
     assert "the whole ablation: 7 run(s) to train over 1 arm(s), ~" in proc.stdout
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_case_study_grid_gives_the_variant_its_per_r_flags(committed_data, tmp_path):
+    """--grid cpu-micro-trunc: the variant's runs are that grid's, r_bwd = ceil(r/2) at each looped r (2 at r = 4,
+    in the run's name as sweep.sh gives it) and its wider width at each budget, on the recipe --quiet adds (no flag
+    of its own is needed); its r = 1 runs are the quiet base's, reused; the base arms stay cpu-micro's."""
+    out = tmp_path / "cpu-micro-trunc-quick-quiet"
+    proc = ablate("trunc", "--quick", "--quiet", "--grid", "cpu-micro-trunc", "--plan", "--", OUT=str(out),
+                  DATA=str(committed_data))
+    assert proc.returncode == 0, proc.stderr
+    arm = proc.stdout.split(f"{out} (sweep.sh --grid cpu-micro-trunc --variant trunc")[1]
+    runs = [line.split() for line in arm.splitlines() if "_micro " in line]
+    looped = [run for run in runs if run[1] == "4"]
+    assert len(looped) == 9 and all(run[0].endswith("_rb2_micro") and run[-1] == "train" for run in looped)
+    assert {(run[2], run[3]) for run in looped} >= {("32", "1.1e12"), ("40", "2.4e12")}  # the grid's wider widths
+    assert all(run[-2] == "reuse" for run in runs if run[1] == "1") and len(runs) == 16
+    assert all("--lr-matrix 0.014" in " ".join(run) for run in runs)
+    assert "dev/results/cpu-micro-quiet (sweep.sh --grid cpu-micro --variant quiet" in proc.stdout
     assert not out.exists()
 
 
