@@ -37,10 +37,11 @@ GRIDS = [("cpu-micro", "base (linear injection)", "0.46 [0.41, 0.53]"),
          ("cpu-micro-gated", "gated injection (dev/ablate.sh)", "-"),
          ("cpu-micro-untied", "base's looped runs against the untied model (dev/ablate.sh)", "-"),
          ("cpu-micro-quiet", "base on the quiet recipe (--quiet)", "-"),
-         ("cpu-micro-gated-quiet", "gated injection, quiet recipe (dev/ablate.sh --quiet)", "-")]
+         ("cpu-micro-gated-quiet", "gated injection, quiet recipe (dev/ablate.sh --quiet)", "-"),
+         ("cpu-micro-trunc-quiet", "truncated BPTT, quiet recipe (dev/ablate.sh --quiet --grid)", "0.38")]
 # each case study's base: its layout-matched anchor is <base>-layout's r = 1 runs
 CASE_STUDIES = {"cpu-micro-trunc": "cpu-micro", "cpu-micro-hyper": "cpu-micro", "cpu-micro-gated": "cpu-micro",
-                "cpu-micro-gated-quiet": "cpu-micro-quiet"}
+                "cpu-micro-gated-quiet": "cpu-micro-quiet", "cpu-micro-trunc-quiet": "cpu-micro-quiet"}
 
 
 def load_rows(grid):
@@ -108,7 +109,7 @@ def phi_table():
 # recipe, then the quiet recipe against it and the quiet arm against the quiet base
 VERDICT_GRIDS = [("cpu-micro-lr", "cpu-micro"), ("cpu-micro-trunc", "cpu-micro"), ("cpu-micro-hyper", "cpu-micro"),
                  ("cpu-micro-gated", "cpu-micro"), ("cpu-micro-untied", "cpu-micro"), ("cpu-micro-quiet", "cpu-micro"),
-                 ("cpu-micro-gated-quiet", "cpu-micro-quiet")]
+                 ("cpu-micro-gated-quiet", "cpu-micro-quiet"), ("cpu-micro-trunc-quiet", "cpu-micro-quiet")]
 
 
 def verdict_cell(v, power=False):

@@ -263,7 +263,8 @@ def test_the_plan_lists_each_run_reused_or_to_train_with_its_flags_and_writes_no
 def test_a_case_study_grid_gives_the_variant_its_per_r_flags(committed_data, tmp_path):
     """--grid cpu-micro-trunc: the variant's runs are that grid's, r_bwd = ceil(r/2) at each looped r (2 at r = 4,
     in the run's name as sweep.sh gives it) and its wider width at each budget, on the recipe --quiet adds (no flag
-    of its own is needed); its r = 1 runs are the quiet base's, reused; the base arms stay cpu-micro's."""
+    of its own is needed), the committed full arm's runs reused; its r = 1 runs are the quiet base's, reused; the
+    base arms stay cpu-micro's."""
     out = tmp_path / "cpu-micro-trunc-quick-quiet"
     proc = ablate("trunc", "--quick", "--quiet", "--grid", "cpu-micro-trunc", "--plan", "--", OUT=str(out),
                   DATA=str(committed_data))
@@ -271,7 +272,9 @@ def test_a_case_study_grid_gives_the_variant_its_per_r_flags(committed_data, tmp
     arm = proc.stdout.split(f"{out} (sweep.sh --grid cpu-micro-trunc --variant trunc")[1]
     runs = [line.split() for line in arm.splitlines() if "_micro " in line]
     looped = [run for run in runs if run[1] == "4"]
-    assert len(looped) == 9 and all(run[0].endswith("_rb2_micro") and run[-1] == "train" for run in looped)
+    assert len(looped) == 9 and all(run[0].endswith("_rb2_micro") for run in looped)
+    # the full arm's runs (results/cpu-micro-trunc-quiet) are these runs: the quick arm reuses them
+    assert all(run[-2:] == ["reuse", f"dev/results/cpu-micro-trunc-quiet/runs/{run[0]}"] for run in looped)
     assert {(run[2], run[3]) for run in looped} >= {("32", "1.1e12"), ("40", "2.4e12")}  # the grid's wider widths
     assert all(run[-2] == "reuse" for run in runs if run[1] == "1") and len(runs) == 16
     assert all("--lr-matrix 0.014" in " ".join(run) for run in runs)
@@ -376,7 +379,8 @@ def test_a_failed_ablation_is_marked_incomplete_and_its_report_refused(tmp_path)
 QUIET_REPORT = ("--base", str(RESULTS / "cpu-micro-quiet"), "--noise-recipe", "cosine-avg-lr014")  # ablate.sh --quiet's
 
 
-@pytest.mark.parametrize("arm, flags", [("gated", ()), ("trunc", ()), ("hyper", ()), ("gated-quiet", QUIET_REPORT)])
+@pytest.mark.parametrize("arm, flags", [("gated", ()), ("trunc", ()), ("hyper", ()), ("gated-quiet", QUIET_REPORT),
+                                        ("trunc-quiet", QUIET_REPORT)])
 def test_each_committed_full_arms_report_is_what_the_report_prints_now(arm, flags, tmp_path):
     """The full arms' committed fit/ablation.txt (the gated ablation on the grid's recipe and on the quiet one,
     and the truncated-BPTT and hyperconnection case studies that sweep.sh trained) is what this checkout's report

@@ -32,8 +32,8 @@ def test_readme_verdict_table_is_the_committed_rows():
     out = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py")], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     table = out.split("each arm against the base, run for run")[1].split("\n\n")[0].splitlines()[1:]
-    # the grid recipe's five arms, then the quiet recipe against the grid's and the quiet gated arm against it
-    assert len(table) == 2 + 7 and table[3].startswith("| truncated BPTT") and "| better: " in table[3]
+    # the grid recipe's five arms, then the quiet recipe against the grid's and the quiet gated and truncated arms
+    assert len(table) == 2 + 8 and table[3].startswith("| truncated BPTT") and "| better: " in table[3]
     readme = (ROOT / "README.md").read_text().splitlines()
     assert all(line in readme for line in table), table
 
@@ -43,8 +43,8 @@ def test_readme_phi_table_is_the_committed_fits():
                          check=True, timeout=60).stdout
     table = out.split("\n\n")[0].splitlines()[1:]
     # header, the nine grids (base, layout, lr, trunc, hyper, the gated and untied ablations; the quiet base and its
-    # gated arm), the layout-anchored case studies
-    assert len(table) == 2 + 9 + len(LAYOUT_COMPARES) and "not fitted yet" not in "".join(table)
+    # gated and truncated arms), the layout-anchored case studies
+    assert len(table) == 2 + 10 + len(LAYOUT_COMPARES) and "not fitted yet" not in "".join(table)
     readme = (ROOT / "README.md").read_text().splitlines()
     assert all(line in readme for line in table), table
     # a CI that runs to the fitter's bound (phi = -3) is not an interval: the plain anchor's, and every delta-phi
@@ -123,7 +123,8 @@ def test_layout_anchored_fits_read_the_committed_rows():
     file is the grid's own looped rows plus cpu-micro-layout's r = 1 rows (what study_tables.py builds),
     so no row in it is typed in or stale."""
     assert [p.parent.parent.name for p in LAYOUT_COMPARES] == ["cpu-micro-gated", "cpu-micro-gated-quiet",
-                                                               "cpu-micro-hyper", "cpu-micro-trunc"]
+                                                               "cpu-micro-hyper", "cpu-micro-trunc",
+                                                               "cpu-micro-trunc-quiet"]
     for path in LAYOUT_COMPARES:
         grid = path.parent.parent.name
         rows = subprocess.run([sys.executable, str(ROOT / "dev" / "study_tables.py"), "--layout-anchored", grid],
@@ -147,6 +148,7 @@ EXPECTED_RESULTS = {"cpu-micro/results.jsonl": 56, "cpu-micro-layout/results.jso
                     "cpu-micro-gated/results.jsonl": 56, "cpu-micro-gated-quick/results.jsonl": 14,
                     "cpu-micro-untied/results.jsonl": 56, "cpu-micro-quiet/results.jsonl": 56,
                     "cpu-micro-quiet-layout/results.jsonl": 56, "cpu-micro-gated-quiet/results.jsonl": 56,
+                    "cpu-micro-trunc-quiet/results.jsonl": 62,
                     "cpu-micro-newstep/results.jsonl": 26, "cpu-micro-kernel/results.jsonl": 24,
                     "cpu-micro-kernel/sdpa.jsonl": 24, "cpu-micro-kernel/fragile.jsonl": 4}
 
@@ -168,7 +170,7 @@ def test_every_expected_result_set_is_committed_whole():
     for name, n_rows in EXPECTED_RESULTS.items():
         assert len(read_jsonl(RESULTS / name)) == n_rows, name
     assert {RESULTS / name for name in EXPECTED_RESULTS} <= set(COMMITTED_ROWS)
-    assert sum(EXPECTED_RESULTS.values()) == 758 + 3 * 56
+    assert sum(EXPECTED_RESULTS.values()) == 758 + 3 * 56 + 62
 
 
 @pytest.mark.parametrize("path", COMMITTED_ROWS, ids=[str(p.relative_to(RESULTS)) for p in COMMITTED_ROWS])
@@ -273,7 +275,8 @@ def test_committed_run_ids_follow_from_todays_flags_even_after_adding_an_optimis
 
 @pytest.mark.parametrize("grid", ["cpu-micro", "cpu-micro-layout", "cpu-micro-lr", "cpu-micro-trunc", "cpu-micro-hyper",
                                   "cpu-micro-gated", "cpu-micro-gated-quick", "cpu-truncate-or-not", "cpu-untied",
-                                  "cpu-micro-quiet", "cpu-micro-quiet-layout", "cpu-micro-gated-quiet"])
+                                  "cpu-micro-quiet", "cpu-micro-quiet-layout", "cpu-micro-gated-quiet",
+                                  "cpu-micro-trunc-quiet"])
 def test_each_committed_run_keeps_its_final_json_which_is_its_row(grid):
     """The committed grids keep, of each run folder, final.json alone (what train.py wrote there: the row), so
     that a variant sweep reuses the committed runs instead of retraining them (tests/test_sweep.py)."""
